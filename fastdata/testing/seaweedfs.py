@@ -156,6 +156,10 @@ class SeaweedServer:
             f"-filer.port.grpc={filer_grpc}",
             "-ip=127.0.0.1",
             "-ip.bind=127.0.0.1",
+            # The Iceberg and Lance listeners default to fixed ports (8181, 9101): two
+            # servers at once (parallel test runs, a benchmark) would clash on them.
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
             "-master.telemetry=false",
             "-master.volumeSizeLimitMB=1024",
             "-volume.max=0",
