@@ -1,0 +1,600 @@
+"""The sample index: a URL plus a layout become an ordered, memory-mapped sample table.
+
+:func:`open_index` lists the dataset once, lets the layout scan it (tar headers, Parquet
+footers, packed footers; concurrently, through ``Store.get_many``) and saves the result
+under ``<cache_dir>/index/<request key>/<source fingerprint>/`` as compact arrays
+(``fastdata.layouts.table``). Later opens map those arrays: in ``immutable`` mode with
+no store request at all, in ``validate`` mode after one listing that is compared with the
+saved ETags and sizes. A :class:`SampleIndex` answers the cache layer's questions
+(``keys``, ``fingerprints``, ``read_samples``) batch by batch with numpy.
+
+Saving is atomic and safe between processes: NOTE[index-publish] in
+``fastdata/layouts/table.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from fastdata.config import default_cache_dir
+from fastdata.errors import ConfigError, ObjectChangedError
+from fastdata.layouts import Layout, Sample, detect_layout, make_layout
+from fastdata.layouts.base import ObjectScan, UnitView, corrupt
+from fastdata.layouts.table import SampleTable, TableVersions
+from fastdata.store import ByteRange, ObjectInfo, Store, glob_to_regex
+
+__all__ = [
+    "DatasetChangedWarning",
+    "IndexSource",
+    "SampleIndex",
+    "normalize_url",
+    "open_index",
+    "plan_units",
+]
+
+logger = logging.getLogger(__name__)
+
+Consistency = Literal["immutable", "validate"]
+MAX_UNIT_BYTES = 16 * 1024 * 1024
+"""A run of adjacent samples is fetched in pieces of about this size, so that one long
+run still spreads over concurrent requests. A single larger sample is one piece."""
+MERGE_GAP_BYTES = 4096
+"""Ranges of one object at most this far apart are fetched as one (tar padding, packed
+alignment, short skips): a few wasted bytes cost less than one more request."""
+_MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+
+
+class DatasetChangedWarning(UserWarning):
+    """The dataset changed since its index was built (``consistency="validate"``)."""
+
+
+def normalize_url(url: str) -> str:
+    """The canonical form of a dataset URL (the dataset id is derived from it).
+
+    A plain path becomes an absolute ``file://`` URL; the scheme is lower-cased and a
+    trailing ``/`` dropped.
+
+    Raises:
+        ConfigError: The URL is empty or not a string.
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigError(f"dataset URL must be a non-empty string, got {url!r}")
+    url = url.strip()
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "file", url
+    scheme = scheme.lower()
+    if scheme in ("file", "local"):
+        scheme, rest = "file", os.path.abspath(os.path.expanduser(rest))
+    rest = rest.rstrip("/") or "/"
+    if rest == "/" and scheme != "file":
+        raise ConfigError(f"dataset URL {url!r} names no bucket or folder")
+    return f"{scheme}://{rest}"
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser, vectorised (wraps modulo 2**64 by design)."""
+    x = x + _MIX[0]
+    x = (x ^ (x >> np.uint64(30))) * _MIX[1]
+    x = (x ^ (x >> np.uint64(27))) * _MIX[2]
+    return x ^ (x >> np.uint64(31))
+
+
+def plan_units(
+    obj: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    max_unit_bytes: int = MAX_UNIT_BYTES,
+    gap_bytes: int = MERGE_GAP_BYTES,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Group byte ranges into fetch units: close or identical ranges of one object merge.
+
+    Relies on NOTE[row-ranges] in ``fastdata/layouts/base.py``.
+
+    Args:
+        obj: Object index of each range.
+        start: First byte of each range.
+        end: One past the last byte of each range.
+        max_unit_bytes: Split merged runs into pieces of about this size.
+        gap_bytes: Merge ranges separated by at most this many bytes.
+
+    Returns:
+        ``(unit_of, unit_obj, unit_start, unit_end)``: the unit of each range, and each
+        unit's object and byte span, units ordered by object then start.
+    """
+    n = len(obj)
+    order = np.lexsort((start, obj))
+    o, s, e = obj[order], start[order], end[order]
+    new = np.ones(n, dtype=bool)
+    new[1:] = (o[1:] != o[:-1]) | (s[1:] > e[:-1] + np.uint64(gap_bytes))
+    run_first = np.maximum.accumulate(np.where(new, np.arange(n), 0))
+    piece = (s - s[run_first]) // np.uint64(max(1, max_unit_bytes))
+    new[1:] |= piece[1:] != piece[:-1]
+    firsts = np.flatnonzero(new)
+    unit_of = np.empty(n, dtype=np.int64)
+    unit_of[order] = np.cumsum(new) - 1
+    return unit_of, o[firsts], s[firsts], np.maximum.reduceat(e, firsts)
+
+
+class SampleIndex:
+    """An opened sample index (use :func:`open_index`).
+
+    Sample ``i`` is row ``i`` of the table; ids are stable for an unchanged source.
+    The index pickles as its directory, URL and storage options, and maps the arrays
+    again in the receiving process.
+    """
+
+    def __init__(
+        self, table: SampleTable, *, storage_options: Mapping[str, Any] | None = None
+    ) -> None:
+        self._table = table
+        meta = table.meta
+        self.url: str = meta["url"]
+        """The normalized dataset URL."""
+        self.dataset_id: bytes = bytes.fromhex(meta["dataset_id"])
+        """8 bytes, stable for the same URL, layout, pattern and options."""
+        self.fingerprint: str = meta["fingerprint"]
+        """Digest of the source listing (paths, sizes, ETags)."""
+        self.pattern: str = meta["pattern"]
+        """The glob that selected the objects."""
+        options = dict(meta["layout_options"])
+        self.layout: Layout = make_layout(
+            meta["layout"], fields=options.pop("fields", None), **options
+        )
+        """The layout that reads the samples."""
+        self.storage_options = dict(storage_options or {})
+        self._prefix = np.frombuffer(self.dataset_id, dtype=np.uint8)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_reopen, (str(self._table.directory), self.storage_options))
+
+    def __repr__(self) -> str:
+        return (
+            f"SampleIndex({self.url!r}, layout={self.layout.name!r}, samples={len(self)}, "
+            f"objects={self.object_count}, fingerprint={self.fingerprint[:12]!r})"
+        )
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    @property
+    def path(self) -> Path:
+        """The directory holding this index version."""
+        return self._table.directory
+
+    @property
+    def object_count(self) -> int:
+        """Number of source objects."""
+        return self._table.object_count
+
+    @property
+    def classes(self) -> list[str] | None:
+        """ImageFolder class names in label order (files layout with ``labels=True``)."""
+        found = self._table.meta.get("layout_meta", {}).get("classes")
+        return list(found) if found is not None else None
+
+    def object_info(self, i: int) -> ObjectInfo:
+        """Source object ``i`` as listed when the index was built."""
+        if not 0 <= i < self.object_count:
+            raise ConfigError(f"object {i} out of range: {self.url} has {self.object_count}")
+        return self._table.object_info(i)
+
+    def locations(self, sample_ids: Any) -> np.ndarray:
+        """The table rows of ``sample_ids`` (fields ``obj``, ``aux``, ``offset``, ``length``)."""
+        return np.asarray(self._table.rows[self._ids(sample_ids)])
+
+    def _ids(self, sample_ids: Any) -> np.ndarray:
+        ids = np.asarray(sample_ids)
+        if ids.ndim != 1:
+            raise ConfigError(f"sample_ids must be a 1-D sequence of ints, got shape {ids.shape}")
+        if ids.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        if ids.dtype.kind not in "iu":
+            raise ConfigError(f"sample_ids must be integers, got dtype {ids.dtype}")
+        low, high = ids.min(), ids.max()
+        if low < 0 or high >= len(self):
+            bad = low if low < 0 else high
+            raise ConfigError(
+                f"sample id {int(bad)} out of range: {self.url} has {len(self)} samples "
+                f"(ids 0..{len(self) - 1})"
+            )
+        return ids.astype(np.int64, copy=False)
+
+    def keys(self, sample_ids: Any) -> list[bytes]:
+        """16-byte cache keys: the dataset id and the big-endian u64 sample id."""
+        ids = self._ids(sample_ids)
+        out = np.empty((len(ids), 16), dtype=np.uint8)
+        out[:, :8] = self._prefix
+        out[:, 8:] = ids.astype(">u8").view(np.uint8).reshape(-1, 8)
+        flat = out.tobytes()
+        return [flat[i : i + 16] for i in range(0, len(flat), 16)]
+
+    def fingerprints(self, sample_ids: Any) -> list[bytes]:
+        """16 bytes per sample: its object's digest (path, size, ETag) mixed with its place.
+
+        The place (offset, length, layout field) makes a cached sample stale when ids
+        shift onto another sample of an unchanged object after the dataset changed.
+        """
+        rows = self._table.rows[self._ids(sample_ids)]
+        objects = self._table.objects[rows["obj"]]
+        words = np.empty((len(rows), 2), dtype="<u8")
+        words[:, 0] = objects["d0"] ^ _mix(rows["offset"] ^ _mix(rows["length"]))
+        words[:, 1] = objects["d1"] ^ _mix(rows["aux"].astype(np.uint64) ^ _mix(rows["offset"]))
+        flat = words.tobytes()
+        return [flat[i : i + 16] for i in range(0, len(flat), 16)]
+
+    def read_samples(self, store: Store, sample_ids: Any) -> list[Sample]:
+        """Fetch and decode samples, in the order of ``sample_ids``.
+
+        The ids are grouped into fetch units (one object; a run of tar samples; a
+        Parquet row group; a run of packed records), all fetched with one
+        ``store.get_many`` call, each pinned to the ETag the index saw.
+
+        Raises:
+            ConfigError: An id is out of range.
+            CorruptRecordError: Malformed bytes; names object, offset and sample.
+            StoreError: The store failed (``ObjectChangedError`` when an object changed
+                since the index was built: reopen with ``consistency="validate"``).
+        """
+        ids = self._ids(sample_ids)
+        if len(ids) == 0:
+            return []
+        rows = self._table.rows[ids]
+        start, end = self.layout.fetch_spans(rows)
+        unit_of, unit_obj, unit_start, unit_end = plan_units(rows["obj"], start, end)
+        requests = [
+            self._request(int(o), int(s), int(e))
+            for o, s, e in zip(unit_obj, unit_start, unit_end, strict=True)
+        ]
+        buffers = store.get_many(requests)
+        order = np.argsort(unit_of, kind="stable")
+        bounds = np.searchsorted(unit_of[order], np.arange(len(requests) + 1))
+        out: list[Sample | None] = [None] * len(ids)
+        for u, (req, raw) in enumerate(zip(requests, buffers, strict=True)):
+            members = order[bounds[u] : bounds[u + 1]]
+            span = (int(unit_obj[u]), int(unit_start[u]), int(unit_end[u]))
+            unit = self._unit(span, req, raw, rows[members], ids[members])
+            for i, sample in zip(members.tolist(), self.layout.decode_unit(unit), strict=True):
+                out[i] = sample
+        return out  # type: ignore[return-value]
+
+    def _request(self, obj: int, start: int, end: int) -> ByteRange:
+        info = self._table.object_info(obj)
+        if start == 0 and end == info.size:
+            return ByteRange(info.path, 0, None, info.etag)
+        return ByteRange(info.path, start, end, info.etag)
+
+    def _unit(
+        self,
+        span: tuple[int, int, int],
+        req: ByteRange,
+        raw: Any,
+        rows: np.ndarray,
+        ids: np.ndarray,
+    ) -> UnitView:
+        obj, start, end = span
+        view = memoryview(raw).cast("B")
+        if len(view) != end - start:
+            raise corrupt(
+                req.path,
+                start + min(len(view), end - start),
+                f"the store returned {len(view)} bytes for bytes [{start}, {end}); the object "
+                "is shorter than when it was indexed",
+                sample_id=int(ids[0]),
+            )
+        return UnitView(
+            path=req.path,
+            size=int(self._table.objects["size"][obj]),
+            extra=self._table.extra(obj),
+            object_key=self._table.digest(obj),
+            raw=raw,
+            view=view,
+            start=start,
+            rows=rows,
+            sample_ids=ids,
+        )
+
+    def source(self, store: Store | None = None) -> IndexSource:
+        """This index bound to a store: the cache's ``SampleSource``.
+
+        Args:
+            store: The store to read from; ``None`` opens one on the index URL with the
+                storage options given to :func:`open_index`.
+        """
+        if store is None:
+            store = Store(self.url, storage_options=self.storage_options)
+        return IndexSource(self, store)
+
+
+def _reopen(directory: str, storage_options: dict[str, Any]) -> SampleIndex:
+    return SampleIndex(SampleTable.open(Path(directory)), storage_options=storage_options)
+
+
+class IndexSource:
+    """A :class:`SampleIndex` bound to a :class:`Store` (the cache's ``SampleSource``).
+
+    Pickles as configuration: the index as its directory, the store as its URL and
+    options; each process maps and connects again.
+    """
+
+    def __init__(self, index: SampleIndex, store: Store) -> None:
+        self.index = index
+        self.store = store
+
+    @property
+    def dataset_id(self) -> bytes:
+        """8-byte dataset id."""
+        return self.index.dataset_id
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def keys(self, sample_ids: Any) -> list[bytes]:
+        """See :meth:`SampleIndex.keys`."""
+        return self.index.keys(sample_ids)
+
+    def fingerprints(self, sample_ids: Any) -> list[bytes]:
+        """See :meth:`SampleIndex.fingerprints`."""
+        return self.index.fingerprints(sample_ids)
+
+    def read_samples(self, sample_ids: Any) -> list[Sample]:
+        """See :meth:`SampleIndex.read_samples`."""
+        return self.index.read_samples(self.store, sample_ids)
+
+
+class _Reuse:
+    """Scans of an unchanged object, taken from the previous index version."""
+
+    def __init__(self, table: SampleTable) -> None:
+        self._table = table
+        self._by_path = {table.path(i): i for i in range(table.object_count)}
+
+    def get(self, info: ObjectInfo) -> ObjectScan | None:
+        i = self._by_path.get(info.path)
+        if i is None or self._table.object_info(i) != info:
+            return None
+        return ObjectScan(np.array(self._table.rows_of(i)), self._table.extra(i))
+
+
+def _spec_key(
+    url: str, layout: str | None, pattern: str | None, fields: Any, options: Mapping[str, Any]
+) -> str:
+    spec = {
+        "url": url,
+        "layout": layout,
+        "pattern": pattern,
+        "fields": list(fields) if fields is not None else None,
+        "options": dict(options),
+    }
+    text = json.dumps(spec, sort_keys=True, default=repr)
+    return hashlib.blake2b(text.encode(), digest_size=12, person=b"fastdata-spec").hexdigest()
+
+
+def _dataset_id(url: str, layout: Layout, pattern: str) -> bytes:
+    spec = {"url": url, "layout": layout.name, "pattern": pattern, "options": layout.options()}
+    text = json.dumps(spec, sort_keys=True)
+    return hashlib.blake2b(text.encode(), digest_size=8, person=b"fastdata-dataset").digest()
+
+
+def _fingerprint(dataset_id: bytes, objects: Sequence[ObjectInfo]) -> str:
+    digest = hashlib.blake2b(dataset_id, digest_size=16, person=b"fastdata-source")
+    for info in objects:
+        digest.update(
+            f"{info.path}\0{info.size}\0{info.etag or ''}\n".encode("utf-8", "surrogateescape")
+        )
+    return digest.hexdigest()
+
+
+class _Selection:
+    """The listing of a dataset with its resolved layout, pattern and identities."""
+
+    def __init__(self, url: str, objects: list[ObjectInfo], layout: Layout, pattern: str) -> None:
+        self.url = url
+        self.objects = sorted(objects, key=lambda o: o.path.encode("utf-8", "surrogateescape"))
+        self.layout = layout
+        self.pattern = pattern
+        self.dataset_id = _dataset_id(url, layout, pattern)
+        self.fingerprint = _fingerprint(self.dataset_id, self.objects)
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What the caller of :func:`open_index` asked for."""
+
+    url: str
+    store: Store
+    layout: str | None
+    pattern: str | None
+    fields: Sequence[str] | None
+    options: Mapping[str, Any]
+    storage_options: Mapping[str, Any] | None
+
+    def key(self) -> str:
+        return _spec_key(self.url, self.layout, self.pattern, self.fields, self.options)
+
+    def wrap(self, table: SampleTable | None) -> SampleIndex | None:
+        return None if table is None else SampleIndex(table, storage_options=self.storage_options)
+
+    def select(self) -> _Selection:
+        """List the dataset and resolve its layout and pattern."""
+        if self.layout is None:
+            listing = self.store.list("", self.pattern)
+            name = detect_layout(listing, self.url)
+            chosen = make_layout(name, fields=self.fields, **self.options)
+            if self.pattern is None:
+                regex = glob_to_regex(chosen.default_pattern)
+                listing = [info for info in listing if regex.match(info.path)]
+        else:
+            chosen = make_layout(self.layout, fields=self.fields, **self.options)
+            listing = self.store.list("", self.pattern or chosen.default_pattern)
+        used = self.pattern or chosen.default_pattern
+        if not listing:
+            raise ConfigError(
+                f"no objects under {self.url!r} match {used!r}: check the URL, the pattern "
+                "and the credentials"
+            )
+        return _Selection(self.url, listing, chosen, used)
+
+
+def _report_changes(old: SampleIndex, new: _Selection, strict: bool) -> None:
+    table = old._table
+    before = {table.path(i): table.object_info(i) for i in range(table.object_count)}
+    after = {info.path: info for info in new.objects}
+    changed = [p for p, info in after.items() if p in before and before[p] != info]
+    added = [p for p in after if p not in before]
+    removed = [p for p in before if p not in after]
+    examples = (changed + added + removed)[:5]
+    message = (
+        f"dataset {new.url} changed since its index was built: {len(changed)} object(s) "
+        f"changed, {len(added)} added, {len(removed)} removed (e.g. {examples})."
+    )
+    if strict:
+        raise ObjectChangedError(
+            f"{message} Refusing because strict=True: restore the objects, or open with "
+            "strict=False to index the new version"
+        )
+    message += (
+        " Their samples are fetched again (cached copies no longer match), and sample ids "
+        "may now point at other samples, so a resumed epoch is not the one interrupted. "
+        "Pass strict=True to refuse instead."
+    )
+    logger.warning(message)
+    warnings.warn(message, DatasetChangedWarning, stacklevel=3)
+
+
+def _build(
+    store: Store, versions: TableVersions, selection: _Selection, previous: SampleIndex | None
+) -> SampleTable:
+    reuse = _Reuse(previous._table) if previous is not None else None
+    result = selection.layout.build(store, selection.objects, reuse)
+    meta = {
+        "url": selection.url,
+        "layout": selection.layout.name,
+        "layout_options": selection.layout.options(),
+        "pattern": selection.pattern,
+        "dataset_id": selection.dataset_id.hex(),
+        "fingerprint": selection.fingerprint,
+        "layout_meta": result.meta,
+    }
+    built = versions.build_dir()
+    try:
+        SampleTable.write(
+            built, meta=meta, rows=result.rows, objects=selection.objects, extras=result.extras
+        )
+    except BaseException:
+        versions.discard(built)
+        raise
+    logger.info(
+        "indexed %s: %d samples in %d objects (%s layout)",
+        selection.url,
+        len(result.rows),
+        len(selection.objects),
+        selection.layout.name,
+    )
+    return versions.publish(built, selection.fingerprint)
+
+
+def open_index(
+    url: str,
+    *,
+    layout: str | None = None,
+    pattern: str | None = None,
+    fields: Sequence[str] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    store: Store | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    consistency: Consistency = "immutable",
+    strict: bool = False,
+    **layout_options: Any,
+) -> SampleIndex:
+    """Open the sample index of a dataset, building and saving it the first time.
+
+    Args:
+        url: The dataset's root (``s3://bucket/prefix``, ``file:///data``, a path).
+        layout: ``files``, ``tar``, ``parquet`` or ``packed``; ``None`` detects it from
+            the listing.
+        pattern: Glob selecting objects below ``url`` (``**`` crosses folders); the
+            default is the layout's (``**/*.tar``, ``**/*.parquet``, ``**/*.fdpack``,
+            ``**`` for files).
+        fields: Tar extensions or Parquet columns to keep; ``None`` keeps all.
+        storage_options: Passed to the store untouched (credentials, endpoint).
+        store: An open store rooted at ``url`` to use instead of a new one.
+        cache_dir: Where indexes live (under ``index/``); default
+            :func:`fastdata.config.default_cache_dir`.
+        consistency: ``immutable`` trusts a saved index without listing; ``validate``
+            lists and compares sizes and ETags, rebuilding the index (only changed
+            objects are scanned again) when they differ.
+        strict: With ``validate``, refuse a changed dataset instead of warning.
+        **layout_options: The layout's options: ``labels`` (files); ``decode_cls`` and
+            ``on_truncated`` (tar).
+
+    Returns:
+        The opened index.
+
+    Raises:
+        ConfigError: A bad argument, nothing to index, or an ambiguous layout.
+        ObjectChangedError: ``strict=True`` and the dataset changed.
+        CorruptRecordError: A shard is malformed (names the object and offset).
+        StoreError: The store failed.
+    """
+    url = normalize_url(url)
+    if consistency not in ("immutable", "validate"):
+        raise ConfigError(f"consistency must be 'immutable' or 'validate', got {consistency!r}")
+    if not isinstance(strict, bool):
+        raise ConfigError(f"strict must be True or False, got {strict!r}")
+    if pattern is not None and (not isinstance(pattern, str) or not pattern):
+        raise ConfigError(f"pattern must be a non-empty glob such as '**/*.jpg', got {pattern!r}")
+    if layout is not None:
+        make_layout(layout, fields=fields, **layout_options)
+    if store is None:
+        store = Store(url, storage_options=storage_options)
+    elif normalize_url(store.url) != url:
+        raise ConfigError(
+            f"store is rooted at {store.url!r}, not at the dataset URL {url!r}; pass a store "
+            "opened on the dataset URL, or none"
+        )
+    base = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    request = _Request(url, store, layout, pattern, fields, layout_options, storage_options)
+    versions = TableVersions(base / "index" / request.key())
+    if consistency == "immutable":
+        return _open_trusting(versions, request)
+    return _open_validated(versions, request, strict)
+
+
+def _open_trusting(versions: TableVersions, request: _Request) -> SampleIndex:
+    found = request.wrap(versions.current())
+    if found is not None:
+        return found
+    with versions.lock():
+        found = request.wrap(versions.current())
+        if found is not None:  # another process built it while we waited
+            return found
+        return SampleIndex(
+            _build(request.store, versions, request.select(), None),
+            storage_options=request.storage_options,
+        )
+
+
+def _open_validated(versions: TableVersions, request: _Request, strict: bool) -> SampleIndex:
+    selection = request.select()
+    found = request.wrap(versions.current())
+    if found is not None and found.fingerprint == selection.fingerprint:
+        return found
+    with versions.lock():
+        found = request.wrap(versions.current())
+        if found is not None and found.fingerprint == selection.fingerprint:
+            return found
+        if found is not None:
+            _report_changes(found, selection, strict)
+        table = _build(request.store, versions, selection, found)
+        return SampleIndex(table, storage_options=request.storage_options)
