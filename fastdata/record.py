@@ -1,11 +1,579 @@
 """The cached-record format: encode in Python; decode and gather through ``io_native``.
 
-This is the only module that imports ``fastdata.io_native``; the layers above get the
-aligned allocator from here.
+A record holds one sample's fields (bytes, str, bool/int/float scalars, numpy arrays),
+laid out as docs/record-format.md specifies. :func:`encode` writes one; :func:`decode`
+reads one as zero-copy views; :func:`collate` turns N records into one batch with one
+``decode_batch`` and one ``gather`` per field, all payloads landing in slices of a single
+buffer from ``alloc``. This is the only module that imports ``fastdata.io_native``; the
+layers above get the aligned allocator from here, and ``DecodeError`` becomes
+:class:`~fastdata.errors.CorruptRecordError` here, once.
 """
 
 from __future__ import annotations
 
-from fastdata.io_native import BACKEND, aligned_empty
+import functools
+import logging
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
-__all__ = ["BACKEND", "aligned_empty"]
+import numpy as np
+import zstandard
+
+from fastdata.errors import ConfigError, CorruptRecordError
+from fastdata.io_native import (
+    BACKEND,
+    CODEC_NONE,
+    CODEC_ZSTD,
+    DTYPE_NAMES,
+    HEADER_BYTES,
+    KIND_ARRAY,
+    KIND_BYTES,
+    KIND_SCALAR,
+    KIND_STR,
+    MAX_FIELD_BYTES,
+    MAX_FIELDS,
+    MAX_NAME_BYTES,
+    MAX_NDIM,
+    MAX_RECORD_BYTES,
+    PAYLOAD_ALIGNMENT,
+    ROW_WIDTH,
+    CodecUnavailableError,
+    DecodeError,
+    aligned_empty,
+    backend_module,
+    pure_module,
+)
+
+__all__ = [
+    "BACKEND",
+    "FieldValue",
+    "VarBatch",
+    "aligned_empty",
+    "checksum",
+    "collate",
+    "decode",
+    "encode",
+    "to_record",
+    "verify_many",
+]
+
+logger = logging.getLogger(__name__)
+
+FieldValue = bytes | bytearray | memoryview | str | bool | int | float | np.ndarray | np.generic
+_DTYPES = tuple(np.dtype(name).newbyteorder("<") for name in DTYPE_NAMES)
+_CODE_OF_DTYPE = {name: code for code, name in enumerate(DTYPE_NAMES)}
+_MIN_LEVEL, _MAX_LEVEL = -(1 << 17), 22
+_ENTRY = struct.Struct("<BBBBHHQQ")
+
+
+@dataclass(frozen=True, slots=True)
+class VarBatch:
+    """One variable-length field of a batch: record ``i`` is ``values[offsets[i]:offsets[i+1]]``.
+
+    Attributes:
+        values: Every record's elements back to back (uint8 for bytes and str fields; the
+            array's dtype, flattened, for arrays). A view of the batch buffer.
+        offsets: int64, length N + 1, in elements of ``values``.
+        shapes: int64 ``[N, ndim]`` per-record shapes for array fields, else ``None``.
+        kind: ``"bytes"``, ``"str"`` or ``"array"``: what :meth:`tolist` returns.
+    """
+
+    values: np.ndarray
+    offsets: np.ndarray
+    shapes: np.ndarray | None = None
+    kind: Literal["bytes", "str", "array"] = "bytes"
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        """Record ``i``'s elements as a view (shaped, for array fields)."""
+        flat = self.values[self.offsets[i] : self.offsets[i + 1]]
+        return flat if self.shapes is None else flat.reshape(tuple(self.shapes[i]))
+
+    def tolist(self) -> list[Any]:
+        """Copies: ``bytes`` per record, ``str`` for str fields, arrays for array fields."""
+        if self.kind == "array":
+            return [self[i].copy() for i in range(len(self))]
+        raw = [self[i].tobytes() for i in range(len(self))]
+        return [b.decode("utf-8") for b in raw] if self.kind == "str" else raw
+
+
+# ---- encode -----------------------------------------------------------------------
+
+
+def _align(value: int, alignment: int) -> int:
+    return -(-value // alignment) * alignment
+
+
+def _name_bytes(name: object) -> bytes:
+    if not isinstance(name, str):
+        raise ConfigError(f"field names must be str, got {name!r}")
+    try:
+        encoded = name.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(f"field name {name!r} is not encodable as UTF-8") from exc
+    if not 1 <= len(encoded) <= MAX_NAME_BYTES:
+        raise ConfigError(
+            f"field name {name!r} is {len(encoded)} UTF-8 bytes; use 1..{MAX_NAME_BYTES}"
+        )
+    return encoded
+
+
+def _classify(name: str, value: object) -> tuple[int, int, tuple[int, ...], Any]:
+    """(kind, dtype code, shape, payload as a 1-D byte buffer) of one field value."""
+    if isinstance(value, np.ndarray | np.generic):  # before float: np.float64 is a float
+        return _classify_array(name, np.asarray(value))
+    if isinstance(value, bool | int | float):
+        code = 0 if isinstance(value, bool) else 7 if isinstance(value, int) else 11
+        try:
+            data = np.array([value], dtype=_DTYPES[code])
+        except OverflowError as exc:
+            raise ConfigError(
+                f"field {name!r}: int {value} does not fit int64; store it as str or bytes"
+            ) from exc
+        return KIND_SCALAR, code, (), data.view(np.uint8)
+    if isinstance(value, str):
+        try:
+            data = value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ConfigError(f"field {name!r}: str is not encodable as UTF-8") from exc
+        return KIND_STR, 2, (len(data),), data
+    if isinstance(value, bytes | bytearray | memoryview):
+        view = memoryview(value)
+        if not view.c_contiguous:
+            raise ConfigError(f"field {name!r}: memoryview is not contiguous; pass bytes(view)")
+        view = view.cast("B") if view.ndim != 1 or view.format != "B" else view
+        return KIND_BYTES, 2, (view.nbytes,), view
+    raise ConfigError(
+        f"field {name!r}: unsupported value of type {type(value).__name__}; use bytes, str, "
+        "bool, int, float or a numpy array"
+    )
+
+
+def _classify_array(name: str, arr: np.ndarray) -> tuple[int, int, tuple[int, ...], Any]:
+    code = _CODE_OF_DTYPE.get(arr.dtype.name)
+    if code is None or arr.dtype.fields is not None:
+        raise ConfigError(
+            f"field {name!r}: numpy dtype {arr.dtype} is not supported; use one of "
+            f"{', '.join(DTYPE_NAMES)}"
+        )
+    if arr.ndim > MAX_NDIM:
+        raise ConfigError(f"field {name!r}: {arr.ndim} dimensions; reshape to at most {MAX_NDIM}")
+    if arr.nbytes > MAX_FIELD_BYTES:
+        raise ConfigError(f"field {name!r}: {arr.nbytes} bytes is above the 2**40-byte limit")
+    arr = arr.astype(_DTYPES[code], order="C", copy=False)
+    return KIND_ARRAY, code, tuple(int(d) for d in arr.shape), arr.reshape(-1).view(np.uint8)
+
+
+def _levels(fields: Mapping[str, Any], compress: object) -> dict[str, int]:
+    """Field name -> zstd level for the fields to compress."""
+    if compress is None:
+        return {}
+    if isinstance(compress, int) and not isinstance(compress, bool):
+        _check_level("compress", compress)
+        return {name: compress for name in fields}
+    if not isinstance(compress, Mapping):
+        raise ConfigError(
+            f"compress must be None, a zstd level or a mapping field -> level, not {compress!r}"
+        )
+    for name, level in compress.items():
+        if name not in fields:
+            raise ConfigError(f"compress names field {name!r}, which this record does not have")
+        _check_level(f"compress[{name!r}]", level)
+    return dict(compress)
+
+
+def _check_level(what: str, level: object) -> None:
+    if isinstance(level, bool) or not isinstance(level, int) or not _MIN_LEVEL <= level <= 22:
+        raise ConfigError(
+            f"{what} must be a zstd level in {_MIN_LEVEL}..{_MAX_LEVEL}, not {level!r}"
+        )
+
+
+def encode(
+    fields: Mapping[str, FieldValue], *, compress: int | Mapping[str, int] | None = None
+) -> bytes:
+    """Encode one sample's fields as a record (docs/record-format.md).
+
+    Args:
+        fields: Field name -> bytes-like, str, bool, int (int64 range), float or numpy
+            array (bool, int8..uint64, float16/32/64, complex64/128; up to 8 dimensions).
+        compress: ``None``; a zstd level for every bytes and array field; or a mapping
+            field -> level. str and scalar fields are never compressed, and an explicit
+            mapping naming one is an error; empty fields stay uncompressed.
+
+    Returns:
+        The record bytes, checksummed.
+
+    Raises:
+        ConfigError: A name, value or level is not allowed; the message names the field.
+    """
+    if not isinstance(fields, Mapping):
+        raise ConfigError(
+            f"encode takes a mapping of field name -> value, not {type(fields).__name__}"
+        )
+    if len(fields) > MAX_FIELDS:
+        raise ConfigError(f"a record holds at most {MAX_FIELDS} fields, got {len(fields)}")
+    levels = _levels(fields, compress)
+    explicit = isinstance(compress, Mapping)
+    items = []
+    for name, value in fields.items():
+        key = _name_bytes(name)
+        kind, code, shape, payload = _classify(name, value)
+        codec = CODEC_NONE
+        if name in levels and kind in (KIND_STR, KIND_SCALAR) and explicit:
+            raise ConfigError(
+                f"compress names field {name!r}, a str or scalar; only bytes and arrays compress"
+            )
+        if name in levels and kind in (KIND_BYTES, KIND_ARRAY) and len(payload):
+            payload = zstandard.ZstdCompressor(level=levels[name]).compress(payload)
+            codec = CODEC_ZSTD
+        items.append((key, kind, code, codec, shape, payload))
+    items.sort(key=lambda item: item[0])
+    return _assemble(items)
+
+
+def _assemble(items: list[tuple[bytes, int, int, int, tuple[int, ...], Any]]) -> bytes:
+    table_bytes = sum(_align(24 + 8 * len(shape) + len(key), 8) for key, _, _, _, shape, _ in items)
+    cursor = HEADER_BYTES + table_bytes
+    entries, body = [], []
+    for key, kind, code, codec, shape, payload in items:
+        offset = _align(cursor, PAYLOAD_ALIGNMENT)
+        stored = len(payload)
+        entry = _ENTRY.pack(kind, code, codec, len(shape), len(key), 0, offset, stored)
+        entry += struct.pack(f"<{len(shape)}Q", *shape) + key
+        entries.append(entry + bytes(_align(len(entry), 8) - len(entry)))
+        body += [bytes(offset - cursor), payload]
+        cursor = offset + stored
+    if cursor > MAX_RECORD_BYTES:
+        raise ConfigError(f"the record would be {cursor} bytes, above the 2**40-byte limit")
+    header = struct.pack("<4sHHQII8s", b"FDRC", 1, len(items), cursor, table_bytes, 0, bytes(8))
+    crc = backend_module.crc32c(header[:20])
+    for part in [header[24:], *entries, *body]:
+        crc = backend_module.crc32c(part, crc)
+    return b"".join([header[:20], crc.to_bytes(4, "little"), header[24:], *entries, *body])
+
+
+# ---- decode, verify ------------------------------------------------------------------
+
+
+def _ids(sample_ids: Sequence[int] | None, count: int) -> Sequence[int] | None:
+    if sample_ids is not None and len(sample_ids) != count:
+        raise ConfigError(f"sample_ids has {len(sample_ids)} entries for {count} buffers")
+    return sample_ids
+
+
+def _corrupt(exc: DecodeError, sample_ids: Sequence[int] | None) -> CorruptRecordError:
+    sample_id = None if sample_ids is None else int(sample_ids[exc.index])
+    where = f"sample {sample_id}" if sample_id is not None else f"record {exc.index} of the batch"
+    return CorruptRecordError(
+        f"{where}: malformed record at byte {exc.offset}: {exc.message}; drop the cached copy "
+        "and read the sample from its source again",
+        sample_id=sample_id,
+        offset=exc.offset,
+    )
+
+
+def _decode_batch(
+    buffers: Sequence[Any], verify: bool, sample_ids: Sequence[int] | None
+) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
+    """decode_batch with errors translated; returns (names, starts, rows as [R, 16])."""
+    try:
+        names, starts, rows = backend_module.decode_batch(buffers, verify)
+    except DecodeError as exc:
+        raise _corrupt(exc, sample_ids) from exc
+    except TypeError as exc:
+        raise ConfigError(str(exc)) from exc
+    table = np.frombuffer(rows, dtype=np.int64).reshape(-1, ROW_WIDTH)
+    return names, np.frombuffer(starts, dtype=np.int64), table
+
+
+@functools.cache
+def _log_zstd_fallback(reason: str) -> None:
+    # functools.cache makes this log once per distinct reason.
+    logger.warning("%s; gathering zstd fields with the pure-Python decoder", reason)
+
+
+def _gather(
+    buffers: Sequence[Any], name: str, out: np.ndarray, sample_ids: Sequence[int] | None
+) -> None:
+    try:
+        try:
+            backend_module.gather(buffers, name, out)
+        except CodecUnavailableError as exc:
+            _log_zstd_fallback(str(exc))
+            pure_module.gather(buffers, name, out)
+    except DecodeError as exc:
+        raise _corrupt(exc, sample_ids) from exc
+
+
+def _value(row: np.ndarray, data: np.ndarray, offset: int) -> Any:
+    """One decoded field from its row; data holds the field's decoded bytes at offset."""
+    kind, code, ndim, raw = int(row[1]), int(row[2]), int(row[4]), int(row[7])
+    payload = data[offset : offset + raw]
+    if kind == KIND_BYTES:
+        return memoryview(payload)
+    if kind == KIND_STR:
+        return payload.tobytes().decode("utf-8")
+    if kind == KIND_SCALAR:
+        return payload.view(_DTYPES[code])[0].item()
+    shape = tuple(int(d) for d in row[8 : 8 + ndim])
+    return payload.view(_DTYPES[code]).reshape(shape)
+
+
+def decode(buf: Any, *, verify: bool = True, sample_id: int | None = None) -> dict[str, Any]:
+    """Decode one record.
+
+    Uncompressed bytes fields come back as ``memoryview`` and arrays as numpy arrays, both
+    viewing ``buf`` (no copy: keep ``buf`` alive and unchanged while you use them); str
+    and scalars as Python values; zstd fields as views of a freshly decompressed buffer.
+
+    Args:
+        buf: The record (any C-contiguous buffer).
+        verify: Check the CRC-32C too.
+        sample_id: Named in the error when the record is malformed.
+
+    Returns:
+        Field name -> value, in the record's (sorted) order.
+
+    Raises:
+        CorruptRecordError: The bytes are not a valid record (``offset`` says where).
+        ConfigError: ``buf`` is not a buffer.
+    """
+    ids = None if sample_id is None else [sample_id]
+    names, _, rows = _decode_batch([buf], verify, ids)
+    base = np.frombuffer(buf, dtype=np.uint8)
+    result = {}
+    for row in rows:
+        name = names[int(row[0])]
+        if int(row[3]) == CODEC_NONE:
+            result[name] = _value(row, base, int(row[5]))
+        else:
+            out = np.empty(int(row[7]), dtype=np.uint8)
+            _gather([buf], name, out, ids)
+            result[name] = _value(row, out, 0)
+    return result
+
+
+def verify_many(buffers: Sequence[Any], *, sample_ids: Sequence[int] | None = None) -> list[int]:
+    """Indices of the records that fail the checksum or any structural check.
+
+    Args:
+        buffers: Record buffers.
+        sample_ids: Used only to name samples in the debug log.
+
+    Returns:
+        Failing indices in ascending order (empty when all are sound).
+
+    Raises:
+        ConfigError: An item is not a buffer, or ``sample_ids`` has the wrong length.
+    """
+    items = list(buffers)
+    ids = _ids(sample_ids, len(items))
+    bad: list[int] = []
+    start = 0
+    while start < len(items):
+        try:
+            backend_module.decode_batch(items[start:], True)
+        except DecodeError as exc:
+            index = start + exc.index
+            bad.append(index)
+            logger.debug(
+                "record %d (sample %s) fails verification: %s", index, ids and ids[index], exc
+            )
+            start = index + 1
+        except TypeError as exc:
+            raise ConfigError(str(exc)) from exc
+        else:
+            break
+    return bad
+
+
+def checksum(buf: Any) -> int:
+    """The CRC-32C a record's header must hold: bytes [0, 20) then [24, end).
+
+    Raises:
+        CorruptRecordError: ``buf`` is shorter than the 32-byte header.
+    """
+    view = np.frombuffer(buf, dtype=np.uint8)
+    if len(view) < HEADER_BYTES:
+        raise CorruptRecordError(
+            f"a record is at least {HEADER_BYTES} bytes, this one {len(view)}", offset=0
+        )
+    return backend_module.crc32c(view[24:], backend_module.crc32c(view[:20]))
+
+
+def to_record(sample: Any) -> Any:
+    """The record bytes for a sample: encode a mapping, verify and pass a RawRecord through.
+
+    Args:
+        sample: A mapping of fields, or an object with a ``buffer`` attribute holding record
+            bytes (``fastdata.layouts.RawRecord``).
+
+    Returns:
+        A buffer-protocol object holding one record.
+
+    Raises:
+        CorruptRecordError: A RawRecord's bytes are not a valid record.
+        ConfigError: The sample is neither, or a field is not encodable.
+    """
+    if isinstance(sample, Mapping):
+        return encode(sample)
+    buffer = getattr(sample, "buffer", None)
+    if buffer is None:
+        raise ConfigError(
+            f"to_record takes a mapping of fields or a RawRecord, not {type(sample).__name__}"
+        )
+    _decode_batch([buffer], True, None)
+    return buffer
+
+
+# ---- collate ------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _FieldPlan:
+    """Where one field of a batch goes and what it becomes."""
+
+    name: str
+    kind: int
+    dtype: np.dtype
+    nbytes: int
+    shape: tuple[int, ...] | None  # per record when fixed, None when variable
+    raw: np.ndarray  # decoded bytes per record
+    shapes: np.ndarray | None  # per-record shapes of variable arrays
+    start: int = 0
+
+
+def _describe(row: np.ndarray) -> str:
+    kind = ("bytes", "str", "scalar", "array")[int(row[1])]
+    return f"{kind} {DTYPE_NAMES[int(row[2])]} with {int(row[4])} dimensions"
+
+
+def _plan(
+    name: str, sel: np.ndarray, records: np.ndarray, count: int, ids: Sequence[int] | None
+) -> _FieldPlan:
+    """Check that every record has the field with one kind, dtype and ndim; size it."""
+    if len(sel) != count:
+        present = np.zeros(count, dtype=bool)
+        present[records] = True
+        missing = int(np.flatnonzero(~present)[0])
+        sample_id = None if ids is None else int(ids[missing])
+        raise CorruptRecordError(
+            f"record {missing} of the batch (sample {sample_id}) has no field {name!r} but "
+            f"record {int(records[0])} has; collate needs every field in every record, so "
+            "pass fields= with the common ones or fix the data",
+            sample_id=sample_id,
+        )
+    first = sel[0]
+    differs = np.flatnonzero((sel[:, 1:3] != first[1:3]).any(axis=1) | (sel[:, 4] != first[4]))
+    if differs.size:
+        bad = int(differs[0])
+        sample_id = None if ids is None else int(ids[bad])
+        raise CorruptRecordError(
+            f"field {name!r} is {_describe(first)} in record 0 but {_describe(sel[bad])} in "
+            f"record {bad} (sample {sample_id}); one batch needs one kind, dtype and ndim",
+            sample_id=sample_id,
+        )
+    kind, ndim = int(first[1]), int(first[4])
+    dtype = _DTYPES[int(first[2])]
+    shapes = sel[:, 8 : 8 + ndim]
+    fixed = kind == KIND_SCALAR or (kind == KIND_ARRAY and bool((shapes == shapes[0]).all()))
+    shape = tuple(int(d) for d in shapes[0]) if fixed else None
+    varshapes = shapes.copy() if kind == KIND_ARRAY and not fixed else None
+    raw = sel[:, 7]
+    return _FieldPlan(name, kind, dtype, int(raw.sum()), shape, raw, varshapes)
+
+
+def _result(plan: _FieldPlan, data: np.ndarray, count: int) -> np.ndarray | VarBatch:
+    values = data.view(plan.dtype)
+    if plan.shape is not None:
+        return values.reshape((count, *plan.shape))
+    offsets = np.zeros(count + 1, dtype=np.int64)
+    np.cumsum(plan.raw // plan.dtype.itemsize, out=offsets[1:])
+    kind = {KIND_BYTES: "bytes", KIND_STR: "str"}.get(plan.kind, "array")
+    return VarBatch(values, offsets, plan.shapes, kind)  # type: ignore[arg-type]
+
+
+def _batch_view(buf: Any, nbytes: int) -> np.ndarray:
+    try:
+        base = np.frombuffer(buf, dtype=np.uint8)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"alloc returned {type(buf).__name__}, not a writable buffer") from exc
+    if len(base) < nbytes or not base.flags.writeable:
+        raise ConfigError(
+            f"alloc({nbytes}) returned a {'read-only ' if not base.flags.writeable else ''}"
+            f"buffer of {len(base)} bytes; it must be writable and at least nbytes long"
+        )
+    if nbytes and base.ctypes.data % PAYLOAD_ALIGNMENT:
+        raise ConfigError(
+            f"alloc({nbytes}) returned a buffer at address {base.ctypes.data:#x}, not "
+            f"{PAYLOAD_ALIGNMENT}-byte aligned; use aligned_empty"
+        )
+    return base
+
+
+def collate(
+    buffers: Sequence[Any],
+    *,
+    fields: Sequence[str] | None = None,
+    alloc: Callable[[int], Any] = aligned_empty,
+    verify: bool = False,
+    sample_ids: Sequence[int] | None = None,
+) -> dict[str, np.ndarray | VarBatch]:
+    """Gather N records into one batch: one buffer from ``alloc``, one slice per field.
+
+    Fixed-shape arrays become ``[N, *shape]`` arrays, scalars ``[N]`` arrays, and bytes,
+    str and variable-shape arrays :class:`VarBatch`. Every returned array views the one
+    buffer ``alloc`` returned (each field's slice starts on a 64-byte boundary), so the
+    buffer lives exactly as long as the results; nothing else keeps a reference to it.
+
+    Args:
+        buffers: N record buffers (N >= 1).
+        fields: The fields to gather (default: every field of the batch, in first-seen
+            order). Every record must have each of them.
+        alloc: ``alloc(nbytes)`` returns a writable, 64-byte aligned buffer of at least
+            ``nbytes`` (default :func:`aligned_empty`; the buffer pool passes its own).
+        verify: Check each record's CRC-32C.
+        sample_ids: The records' sample ids, named in errors.
+
+    Returns:
+        Field name -> batch, in the order of ``fields``.
+
+    Raises:
+        CorruptRecordError: A record is malformed, lacks a field, or disagrees with the
+            others about a field's kind, dtype or ndim.
+        ConfigError: Bad arguments (no buffers, unknown field, a bad ``alloc`` result).
+    """
+    items = list(buffers)
+    if not items:
+        raise ConfigError("collate needs at least one record buffer")
+    count = len(items)
+    ids = _ids(sample_ids, count)
+    names, starts, rows = _decode_batch(items, verify, ids)
+    index_of = {name: j for j, name in enumerate(names)}
+    wanted = list(names) if fields is None else list(fields)
+    for name in wanted:
+        if name not in index_of:
+            raise ConfigError(f"no record in this batch has field {name!r}; it has {list(names)}")
+    records = np.repeat(np.arange(count), np.diff(starts))
+    order = np.argsort(rows[:, 0], kind="stable")
+    bounds = np.searchsorted(rows[order, 0], np.arange(len(names) + 1))
+    plans = []
+    for name in wanted:
+        group = order[bounds[index_of[name]] : bounds[index_of[name] + 1]]
+        plans.append(_plan(name, rows[group], records[group], count, ids))
+    total = 0
+    for plan in plans:
+        plan.start = total
+        total = _align(total + plan.nbytes, PAYLOAD_ALIGNMENT)
+    base = _batch_view(alloc(total), total)
+    result = {}
+    for plan in plans:
+        data = base[plan.start : plan.start + plan.nbytes]
+        _gather(items, plan.name, data, ids)
+        result[plan.name] = _result(plan, data, count)
+    return result

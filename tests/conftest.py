@@ -122,6 +122,14 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
 
 
+@pytest.fixture(params=["native", "pure"])
+def decoder(request: pytest.FixtureRequest) -> Any:
+    """Each record decoder backend in turn: the C extension, then its pure-Python twin."""
+    import importlib
+
+    return importlib.import_module(f"fastdata.io_native._{request.param}")
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache_dir(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """No test writes to the user's real cache directory."""

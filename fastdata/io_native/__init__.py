@@ -7,8 +7,10 @@ The backend is chosen once, at import, from ``FASTDATA_DECODER``:
 * ``pure``: the pure-Python reference implementation (the format spec in code).
 
 ``BACKEND`` says which one was loaded. Both backends export the same names with the same
-signatures and raise the same :class:`DecodeError`. This package imports nothing else
-of fastdata's.
+signatures and raise the same :class:`DecodeError`; docs/record-format.md specifies the
+format and the functions. ``pure_module`` is always the pure backend: ``fastdata.record``
+uses it for a zstd field when the native backend cannot load libzstd. This package imports
+nothing else of fastdata's.
 """
 
 from __future__ import annotations
@@ -16,9 +18,52 @@ from __future__ import annotations
 import os
 from types import ModuleType
 
-from fastdata.io_native._errors import DecodeError
+from fastdata.io_native import _pure as pure_module
+from fastdata.io_native._errors import CodecUnavailableError, DecodeError
+from fastdata.io_native._pure import (
+    CODEC_NONE,
+    CODEC_ZSTD,
+    DTYPE_NAMES,
+    HEADER_BYTES,
+    KIND_ARRAY,
+    KIND_BYTES,
+    KIND_SCALAR,
+    KIND_STR,
+    MAX_FIELD_BYTES,
+    MAX_FIELDS,
+    MAX_NAME_BYTES,
+    MAX_NDIM,
+    MAX_RECORD_BYTES,
+    PAYLOAD_ALIGNMENT,
+    ROW_WIDTH,
+)
 
-__all__ = ["BACKEND", "DecodeError", "aligned_empty", "backend_module"]
+__all__ = [
+    "BACKEND",
+    "CODEC_NONE",
+    "CODEC_ZSTD",
+    "DTYPE_NAMES",
+    "HEADER_BYTES",
+    "KIND_ARRAY",
+    "KIND_BYTES",
+    "KIND_SCALAR",
+    "KIND_STR",
+    "MAX_FIELDS",
+    "MAX_FIELD_BYTES",
+    "MAX_NAME_BYTES",
+    "MAX_NDIM",
+    "MAX_RECORD_BYTES",
+    "PAYLOAD_ALIGNMENT",
+    "ROW_WIDTH",
+    "CodecUnavailableError",
+    "DecodeError",
+    "aligned_empty",
+    "backend_module",
+    "crc32c",
+    "decode_batch",
+    "gather",
+    "pure_module",
+]
 
 _CHOICE = os.environ.get("FASTDATA_DECODER", "auto").strip().lower() or "auto"
 
@@ -38,10 +83,11 @@ def _load(choice: str) -> tuple[str, ModuleType]:
                 ) from exc
         else:
             return "native", _native
-    from fastdata.io_native import _pure
-
-    return "pure", _pure
+    return "pure", pure_module
 
 
 BACKEND, backend_module = _load(_CHOICE)
 aligned_empty = backend_module.aligned_empty
+decode_batch = backend_module.decode_batch
+gather = backend_module.gather
+crc32c = backend_module.crc32c
