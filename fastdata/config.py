@@ -142,8 +142,16 @@ class StoreConfig:
     """Time to establish a connection before the attempt counts as a transient fault."""
     request_timeout_s: float = 60.0
     """Time one request (headers and body) may take before it counts as a transient fault."""
+    resume_min_bytes: int = 64 * 1024**2
+    """Reads at least this long stream into one buffer, and a broken body resumes where it
+    stopped (pinned to its ETag) instead of starting over; shorter reads are fetched whole
+    into the client's own buffer, without a copy."""
 
     def __post_init__(self) -> None:
+        _require(
+            self.resume_min_bytes >= 1,
+            f"resume_min_bytes must be at least 1, got {self.resume_min_bytes}",
+        )
         _require(
             self.backend in ("auto", "obstore", "fsspec"),
             f"unknown store backend {self.backend!r}: use auto, obstore or fsspec",

@@ -1,0 +1,196 @@
+"""The obstore backend: S3-compatible stores through the Rust ``object_store`` client.
+
+obstore spends about a sixth of s3fs's client CPU per GET (docs/store.md has the numbers),
+and hands back its ``Bytes`` buffers without a copy. All calls are its ``*_async``
+functions, awaited on the store loop (NOTE[store-loop]); docs/store.md says why that beat
+its sync API from a thread pool.
+
+NOTE[obstore-fork]: obstore runs its requests on one tokio runtime per process, started at
+its first use. tokio is not fork-safe: in a child forked after that, every obstore call
+hangs, even on a brand-new ``S3Store``. We record the PID that first used obstore;
+``runtime_usable()`` is false in any process forked from it after that, and ``Store`` then
+serves S3 through fsspec/s3fs in that process (``backend="auto"``) or refuses
+(``backend="obstore"``). A child started with ``spawn`` or ``forkserver``, or forked
+before the parent's first obstore call, uses obstore.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import TYPE_CHECKING, Any
+
+import obstore
+from obstore.exceptions import (
+    BaseError,
+    InvalidPathError,
+    PermissionDeniedError,
+    PreconditionError,
+    UnauthenticatedError,
+)
+from obstore.store import S3Store
+
+from fastdata.config import StoreConfig
+from fastdata.store._backend import STREAM_CHUNK_BYTES, Backend
+from fastdata.store._faults import (
+    Failure,
+    FaultKind,
+    ShortBodyError,
+    classify_builtin,
+    classify_internal,
+    sanitize,
+    status_kind,
+)
+from fastdata.store._job import ReadJob
+from fastdata.store._retry import Counters
+from fastdata.store._s3options import obstore_s3_settings
+from fastdata.store._types import ObjectInfo, quote_etag, unquote_etag
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from typing_extensions import Buffer
+
+__all__ = ["ObstoreBackend", "runtime_usable"]
+
+_runtime_pid: int | None = None
+_STATUS = re.compile(r"status code: (\d{3})")
+_S3_CODE = re.compile(r"<Code>([A-Za-z]+)</Code>")
+_NETWORK = re.compile(
+    r"(?i)http error|error sending request|body error|timed out|timeout|connection|"
+    r"reset by peer|broken pipe|unexpected eof|incomplete"
+)
+#: S3 returns at most this many keys per LIST page; obstore yields chunks of the same size.
+_LIST_PAGE = 1000
+
+
+def runtime_usable() -> bool:
+    """Whether obstore can run in this process (NOTE[obstore-fork])."""
+    return _runtime_pid is None or _runtime_pid == os.getpid()
+
+
+class ObstoreBackend(Backend):
+    """S3 (and S3-compatible servers) through obstore's ``S3Store``."""
+
+    name = "obstore"
+
+    def __init__(
+        self,
+        counters: Counters,
+        config: StoreConfig,
+        *,
+        bucket: str,
+        prefix: str,
+        storage_options: Mapping[str, Any],
+    ) -> None:
+        global _runtime_pid
+        super().__init__(counters, config.resume_min_bytes)
+        settings = obstore_s3_settings(bucket, prefix, storage_options, config)
+        self.secrets = settings.secrets
+        self.endpoint = settings.endpoint
+        if _runtime_pid is None:
+            _runtime_pid = os.getpid()  # NOTE[obstore-fork]: from here on, no forking
+        self._store = S3Store(**settings.kwargs)
+
+    async def read_attempt(self, job: ReadJob) -> Buffer:
+        req = job.req
+        start = job.next_start
+        options: dict[str, Any] = {}
+        if req.end is not None:
+            if start >= req.end:
+                return b""
+            options["range"] = (start, req.end)
+        elif start:
+            options["range"] = {"offset": start}
+        if job.pin is not None:
+            options["if_match"] = quote_etag(job.pin)
+        try:
+            result = await obstore.get_async(self._store, req.path, options=options)  # type: ignore[arg-type]
+        except Exception as exc:
+            if job.buf is None and self.classify(exc).kind is FaultKind.RANGE:
+                return b""
+            raise
+        lo, hi = result.range
+        size = hi - lo
+        if job.buf is None and size < self.resume_min_bytes:
+            data = await result.bytes_async()
+            if len(data) != size:
+                raise ShortBodyError(f"body of {req.path!r} had {len(data)} of {size} bytes")
+            self.counters.add("bytes_read", size)
+            return data
+        return await self._stream(job, result, size)
+
+    async def _stream(self, job: ReadJob, result: Any, size: int) -> Buffer:
+        if job.buf is None:
+            job.begin_stream(size, unquote_etag(result.meta["e_tag"]))
+        elif size != job.total - job.filled:
+            job.restart()
+            raise ShortBodyError(f"resumed body of {job.req.path!r} has an unexpected length")
+        assert job.buf is not None
+        view = memoryview(job.buf)
+        try:
+            async for chunk in result.stream(min_chunk_size=STREAM_CHUNK_BYTES):
+                n = len(chunk)
+                if job.filled + n > job.total:
+                    job.restart()
+                    raise ShortBodyError(f"body of {job.req.path!r} is longer than announced")
+                view[job.filled : job.filled + n] = chunk
+                job.filled += n
+                self.counters.add("bytes_read", n)
+        finally:
+            view.release()
+        if job.filled != job.total:
+            raise ShortBodyError(f"body of {job.req.path!r} ended at {job.filled}/{job.total}")
+        return job.buf
+
+    async def head(self, path: str) -> ObjectInfo:
+        meta = await obstore.head_async(self._store, path)
+        return ObjectInfo(path, int(meta["size"]), unquote_etag(meta["e_tag"]))
+
+    async def list_into(self, prefix: str, sink: list[ObjectInfo]) -> None:
+        # S3 lists in key order, so a retry continues after the last key it has.
+        offset = sink[-1].path if sink else None
+        stream = obstore.list(
+            self._store, prefix=prefix or None, offset=offset, chunk_size=_LIST_PAGE
+        )
+        first = True
+        async for batch in stream:
+            if not first:
+                self.counters.add("requests")
+            first = False
+            sink.extend(
+                ObjectInfo(m["path"], int(m["size"]), unquote_etag(m["e_tag"])) for m in batch
+            )
+
+    async def put(self, path: str, data: Buffer) -> None:
+        await obstore.put_async(self._store, path, data)  # type: ignore[arg-type]
+        self.counters.add("bytes_written", len(memoryview(data)))
+
+    async def delete(self, path: str) -> None:
+        try:
+            await obstore.delete_async(self._store, path)
+        except FileNotFoundError:
+            return  # NOTE: deleting a missing object is not an error (S3 says 204 too)
+
+    def classify(self, exc: BaseException) -> Failure:
+        cause = sanitize(str(exc) or type(exc).__name__, self.secrets)
+        internal = classify_internal(exc, cause)
+        if internal is not None:
+            return internal
+        if isinstance(exc, PermissionDeniedError | UnauthenticatedError):
+            return Failure(FaultKind.DENIED, cause)
+        if isinstance(exc, PreconditionError):
+            return Failure(FaultKind.CHANGED, cause)
+        builtin = classify_builtin(exc, cause)
+        if builtin is not None:
+            return builtin
+        if isinstance(exc, InvalidPathError):
+            return Failure(FaultKind.PERMANENT, cause)
+        text = str(exc)
+        status = _STATUS.search(text)
+        if status is not None:
+            code = _S3_CODE.search(text)
+            return Failure(status_kind(int(status.group(1)), code.group(1) if code else ""), cause)
+        if isinstance(exc, BaseError) and _NETWORK.search(text):
+            return Failure(FaultKind.TRANSIENT, cause)
+        return Failure(FaultKind.PERMANENT, cause)

@@ -1,0 +1,452 @@
+"""``Store``: the batch API over one root of an object store.
+
+NOTE[store-fork]: a ``Store`` holds configuration; its live parts (event loop, client,
+counters) are built lazily per process and tagged with the PID that built them. A store
+used in a parent and then used in a forked child (a DataLoader worker) builds new ones in
+the child at its first call; pickling carries the configuration only. Which client the
+child gets follows NOTE[obstore-fork].
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import random
+import threading
+import weakref
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, Literal
+
+import fsspec
+
+from fastdata.config import StoreConfig
+from fastdata.errors import ConfigError
+from fastdata.store import _obstore
+from fastdata.store._backend import Backend
+from fastdata.store._faults import OpContext
+from fastdata.store._fsspec import FsspecBackend
+from fastdata.store._job import ReadJob
+from fastdata.store._loop import LoopThread, process_loop
+from fastdata.store._retry import Counters, RetryEnv, RetryPolicy, retrying
+from fastdata.store._s3options import unsupported_options
+from fastdata.store._types import ByteRange, ObjectInfo, StoreStats, glob_to_regex
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+__all__ = ["Store", "choose_backend"]
+
+log = logging.getLogger(__name__)
+BackendName = Literal["obstore", "fsspec"]
+_OBSTORE_PROTOCOLS = frozenset({"s3", "s3a"})
+_warned_fork_pid: int | None = None
+
+
+def choose_backend(protocol: str, backend: str, storage_options: Mapping[str, Any]) -> BackendName:
+    """The backend for a protocol and ``StoreConfig.backend``, before any fork is considered.
+
+    Raises:
+        ConfigError: ``backend="obstore"`` for a protocol or options obstore cannot serve.
+    """
+    if backend == "fsspec":
+        return "fsspec"
+    if protocol not in _OBSTORE_PROTOCOLS:
+        if backend == "obstore":
+            raise ConfigError(
+                f"backend='obstore' serves s3:// only, not {protocol}://; "
+                "use backend='auto' or 'fsspec'"
+            )
+        return "fsspec"
+    unsupported = unsupported_options(storage_options)
+    if not unsupported:
+        return "obstore"
+    if backend == "obstore":
+        raise ConfigError(
+            f"backend='obstore' cannot honour storage_options {unsupported}; remove them "
+            "or use backend='auto' (which then reads through s3fs)"
+        )
+    log.info("reading s3:// through s3fs: obstore cannot honour storage_options %s", unsupported)
+    return "fsspec"
+
+
+@dataclass
+class _Process:
+    """The live parts of one store in one process (NOTE[store-fork])."""
+
+    pid: int
+    loop: LoopThread
+    backend: Backend
+    counters: Counters
+    env: RetryEnv
+
+
+class Store:
+    """Batched, retried, concurrent access to one root of an object store.
+
+    Args:
+        url: Root URL: ``s3://bucket/prefix``, ``file:///data``, ``memory://name``, or any
+            protocol fsspec knows. Every path in this API is relative to it.
+        storage_options: s3fs/fsspec options (credentials, ``endpoint_url``,
+            ``client_kwargs``...); the AWS variables and profiles fill in the rest, as
+            botocore reads them, for both backends.
+        config: Client settings (backend, concurrency, retries, timeouts).
+
+    Raises:
+        ConfigError: The URL, options or config are malformed, or the protocol is unknown.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        config: StoreConfig | None = None,
+    ) -> None:
+        if not isinstance(url, str) or not url.strip():
+            raise ConfigError(f"store URL must be a non-empty string, got {url!r}")
+        if storage_options is not None and not isinstance(storage_options, Mapping):
+            raise ConfigError(
+                f"storage_options must be a mapping, got {type(storage_options).__name__}"
+            )
+        if config is not None and not isinstance(config, StoreConfig):
+            raise ConfigError(f"config must be a StoreConfig, got {type(config).__name__}")
+        protocol, sep, rest = url.partition("://")
+        if not sep:
+            protocol, rest = "file", url
+        if protocol not in fsspec.available_protocols():
+            raise ConfigError(
+                f"unknown protocol {protocol!r} in store URL {url!r}: use s3://, file://, "
+                "memory:// or another protocol fsspec knows"
+            )
+        if protocol in _OBSTORE_PROTOCOLS and not rest.strip("/"):
+            raise ConfigError(f"store URL {url!r} names no bucket: use s3://bucket[/prefix]")
+        self.url = url.rstrip("/") if sep and rest.strip("/") else url
+        self.protocol = protocol
+        self.storage_options: dict[str, Any] = dict(storage_options or {})
+        self.config = config or StoreConfig()
+        self._rest = rest.strip("/")
+        self._preferred = choose_backend(protocol, self.config.backend, self.storage_options)
+        self._proc: _Process | None = None
+        self._lock = threading.Lock()
+        self._lock_pid = os.getpid()
+
+    # -- per-process state (NOTE[store-fork]) ------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "storage_options": self.storage_options, "config": self.config}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        Store.__init__(
+            self, state["url"], storage_options=state["storage_options"], config=state["config"]
+        )
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r}, backend={self.backend!r})"
+
+    @property
+    def backend(self) -> BackendName:
+        """The backend this process uses (or will use) for this store."""
+        proc = self._proc
+        if proc is not None and proc.pid == os.getpid():
+            return proc.backend.name  # type: ignore[return-value]
+        if self._preferred == "obstore" and not _obstore.runtime_usable():
+            return "fsspec"
+        return self._preferred
+
+    def _state(self) -> _Process:
+        proc = self._proc
+        pid = os.getpid()
+        if proc is not None and proc.pid == pid:
+            return proc
+        if self._lock_pid != pid:
+            # A fork may have copied the lock while another thread held it.
+            self._lock, self._lock_pid = threading.Lock(), pid
+        with self._lock:
+            if self._proc is None or self._proc.pid != pid:
+                self._proc = self._build(pid)
+            return self._proc
+
+    def _build(self, pid: int) -> _Process:
+        counters = Counters()
+        loop = process_loop()
+        backend: Backend
+        if self._backend_here() == "obstore":
+            bucket, _, prefix = self._rest.partition("/")
+            backend = _obstore.ObstoreBackend(
+                counters,
+                self.config,
+                bucket=bucket,
+                prefix=prefix,
+                storage_options=self.storage_options,
+            )
+        else:
+            fs_backend = FsspecBackend(
+                counters,
+                self.config,
+                url=self.url,
+                protocol=self.protocol,
+                storage_options=self.storage_options,
+            )
+            loop.run(fs_backend.open())
+            backend = fs_backend
+        env = RetryEnv(
+            RetryPolicy.from_config(self.config), backend.classify, counters, random.Random()
+        )
+        weakref.finalize(self, _release, pid, loop, backend)
+        return _Process(pid, loop, backend, counters, env)
+
+    def _backend_here(self) -> BackendName:
+        global _warned_fork_pid
+        if self._preferred == "fsspec" or _obstore.runtime_usable():
+            return self._preferred
+        if self.config.backend == "obstore":
+            raise ConfigError(
+                f"backend='obstore' cannot run in this process (PID {os.getpid()}): it was "
+                "forked after obstore ran in its parent, and obstore's runtime does not "
+                "survive fork. Start workers with 'spawn' or 'forkserver', or use "
+                "backend='auto'"
+            )
+        if _warned_fork_pid != os.getpid():
+            _warned_fork_pid = os.getpid()
+            log.warning(
+                "process %d was forked after obstore ran in its parent; its S3 reads use "
+                "s3fs, which costs several times more CPU per request. Start DataLoader "
+                "workers with multiprocessing_context='forkserver' or 'spawn' to keep obstore",
+                os.getpid(),
+            )
+        return "fsspec"
+
+    def _target(self, path: str) -> str:
+        return f"{self.url}/{path}" if path else self.url
+
+    def _run(self, op: Callable[[_Process], Awaitable[Any]]) -> Any:
+        proc = self._state()
+        return proc.loop.run(op(proc))  # type: ignore[arg-type]
+
+    # -- the API -------------------------------------------------------------------------
+
+    def list(self, prefix: str = "", pattern: str | None = None) -> list[ObjectInfo]:
+        """List the objects under the folder ``prefix``, sorted by the UTF-8 bytes of the path.
+
+        Args:
+            prefix: Folder below the root (``""`` lists everything).
+            pattern: Optional glob (``*``, ``?``, ``[...]``, ``**``) matched against the
+                path relative to ``prefix``.
+
+        Returns:
+            ``ObjectInfo(path, size, etag)`` for each object; paths are relative to the root.
+
+        Raises:
+            ConfigError: ``prefix`` or ``pattern`` is not a string.
+            StoreError: The listing failed after retries (``AccessDeniedError`` for 403).
+        """
+        if not isinstance(prefix, str):
+            raise ConfigError(f"list prefix must be a str, got {type(prefix).__name__}")
+        regex = glob_to_regex(pattern) if pattern is not None else None
+        prefix = prefix.strip("/")
+
+        async def run(proc: _Process) -> list[ObjectInfo]:
+            sink: list[ObjectInfo] = []
+            attempt = functools.partial(proc.backend.list_into, prefix, sink)
+            await retrying(attempt, OpContext("list", self._target(prefix)), proc.env)
+            return sink
+
+        found: list[ObjectInfo] = self._run(run)
+        if regex is not None:
+            cut = len(prefix) + 1 if prefix else 0
+            found = [info for info in found if regex.match(info.path[cut:])]
+        # Code-point order of str equals the byte order of its UTF-8 encoding.
+        found.sort(key=attrgetter("path"))
+        return found
+
+    def info(self, path: str) -> ObjectInfo:
+        """Size and ETag of one object.
+
+        Raises:
+            ConfigError: ``path`` is not a relative object path.
+            ObjectNotFoundError: It does not exist.
+            StoreError: Any other failure, after retries.
+        """
+        _check_path(path, "info")
+
+        async def run(proc: _Process) -> ObjectInfo:
+            attempt = functools.partial(proc.backend.head, path)
+            return await retrying(attempt, OpContext("head", self._target(path)), proc.env)
+
+        result: ObjectInfo = self._run(run)
+        return result
+
+    def get_many(self, requests: Sequence[ByteRange]) -> list[Buffer]:
+        """Read many byte ranges concurrently; the results come back in request order.
+
+        At most ``config.max_concurrency`` requests are in flight. Each item supports the
+        buffer protocol (``bytes``, obstore ``Bytes`` or ``bytearray``): wrap it in
+        ``memoryview()``, never assume ``bytes``.
+
+        Raises:
+            ConfigError: ``requests`` is not a sequence of ``ByteRange`` with object paths.
+            ObjectNotFoundError: An object does not exist.
+            ObjectChangedError: A pinned object (``ByteRange.etag``) has another version.
+            AccessDeniedError: The store refused a read.
+            StoreError: A read still failed after retries (NOTE[store-retry]).
+        """
+        reqs = _check_requests(requests)
+        if not reqs:
+            return []
+
+        async def run(proc: _Process) -> list[Buffer]:
+            results: list[Any] = [None] * len(reqs)
+            indices = iter(range(len(reqs)))
+            backend, env = proc.backend, proc.env
+
+            async def worker() -> None:
+                for i in indices:
+                    req = reqs[i]
+                    ctx = OpContext("get", self._target(req.path), req.etag)
+                    read = functools.partial(backend.read, ReadJob(req))
+                    results[i] = await retrying(read, ctx, env)
+
+            await _workers(worker, min(self.config.max_concurrency, len(reqs)))
+            return results
+
+        result: list[Buffer] = self._run(run)
+        return result
+
+    def put_many(self, items: Sequence[tuple[str, Buffer]]) -> None:
+        """Write whole objects concurrently (for packing, benchmarks and tests).
+
+        Raises:
+            ConfigError: ``items`` is not a sequence of ``(path, bytes-like)`` pairs.
+            StoreError: A write still failed after retries.
+        """
+        pairs = _check_items(items)
+
+        async def run(proc: _Process) -> None:
+            it = iter(pairs)
+
+            async def worker() -> None:
+                for path, data in it:
+                    put = functools.partial(proc.backend.put, path, data)
+                    await retrying(put, OpContext("put", self._target(path)), proc.env)
+
+            await _workers(worker, min(self.config.max_concurrency, len(pairs)))
+
+        if pairs:
+            self._run(run)
+
+    def delete_many(self, paths: Sequence[str]) -> None:
+        """Delete objects concurrently; a missing object is not an error.
+
+        Raises:
+            ConfigError: ``paths`` is not a sequence of object paths.
+            StoreError: A delete still failed after retries.
+        """
+        if isinstance(paths, str | bytes) or not isinstance(paths, Sequence):
+            raise ConfigError("delete_many takes a sequence of paths, not a single path")
+        for path in paths:
+            _check_path(path, "delete_many")
+
+        async def run(proc: _Process) -> None:
+            it = iter(paths)
+
+            async def worker() -> None:
+                for path in it:
+                    delete = functools.partial(proc.backend.delete, path)
+                    await retrying(delete, OpContext("delete", self._target(path)), proc.env)
+
+            await _workers(worker, min(self.config.max_concurrency, len(paths)))
+
+        if paths:
+            self._run(run)
+
+    def stats(self) -> StoreStats:
+        """Counters of this handle in this process (zero before the first call)."""
+        proc = self._proc
+        if proc is None or proc.pid != os.getpid():
+            return StoreStats(backend=self.backend)
+        return proc.counters.snapshot(proc.backend.name)
+
+    def close(self) -> None:
+        """Release this process's client; the next call builds a new one."""
+        proc = self._proc
+        if proc is None or proc.pid != os.getpid():
+            return
+        self._proc = None
+        proc.loop.run(proc.backend.close())
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _release(pid: int, loop: LoopThread, backend: Backend) -> None:
+    """Close a collected store's client (at garbage collection or interpreter exit)."""
+    if os.getpid() != pid:
+        return  # NOTE[store-fork]: the parent's client is not ours to close
+    future = loop.submit(backend.close())
+    if loop.is_current():
+        return
+    try:
+        future.result(timeout=2.0)
+    except (OSError, TimeoutError, RuntimeError):
+        log.debug("closing the store client of %s failed", backend.name, exc_info=True)
+
+
+async def _workers(worker: Callable[[], Awaitable[None]], n: int) -> None:
+    """Run ``n`` copies of ``worker``; the first error cancels the rest and is raised."""
+    if n <= 1:
+        await worker()
+        return
+    tasks = [asyncio.ensure_future(worker()) for _ in range(n)]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+def _check_path(path: object, where: str) -> None:
+    if not isinstance(path, str) or not path or path.startswith("/"):
+        raise ConfigError(
+            f"{where}: object path must be a non-empty str relative to the store root "
+            f"(no leading '/'), got {path!r}"
+        )
+
+
+def _check_requests(requests: object) -> Sequence[ByteRange]:
+    if isinstance(requests, str | bytes) or not isinstance(requests, Sequence):
+        raise ConfigError(f"get_many takes a sequence of ByteRange, got {type(requests).__name__}")
+    for i, req in enumerate(requests):
+        if type(req) is not ByteRange:
+            raise ConfigError(f"get_many request {i} is a {type(req).__name__}, not a ByteRange")
+        if not req.path or req.path[0] == "/":
+            _check_path(req.path, f"get_many request {i}")
+    return requests
+
+
+def _check_items(items: object) -> list[tuple[str, Buffer]]:
+    if isinstance(items, str | bytes) or not isinstance(items, Sequence):
+        raise ConfigError(f"put_many takes a sequence of (path, data), got {type(items).__name__}")
+    out: list[tuple[str, Buffer]] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise ConfigError(f"put_many item {i} must be a (path, data) pair, got {item!r:.80}")
+        path, data = item
+        _check_path(path, f"put_many item {i}")
+        try:
+            memoryview(data)
+        except TypeError as exc:
+            raise ConfigError(
+                f"put_many item {i} ({path!r}): data must support the buffer protocol "
+                f"(bytes, bytearray, memoryview), got {type(data).__name__}"
+            ) from exc
+        out.append((path, data))
+    return out

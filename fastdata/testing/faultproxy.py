@@ -1,0 +1,556 @@
+"""A fault-injecting HTTP reverse proxy for tests of the store and the layers above it.
+
+The proxy listens on 127.0.0.1 (a free port), forwards every request to one upstream
+S3-compatible endpoint (SeaweedFS or moto) and, when a rule matches, answers with a fault
+instead: an HTTP error status (503 SlowDown with ``Retry-After``, 429, 500, 404, 403), a
+connection reset, a body cut short of its ``Content-Length``, or a delay. It counts
+requests per path and the most requests it held in flight at once, so tests can prove
+both "no retry happened" and "the reads really ran concurrently"::
+
+    with FaultProxy(server.endpoint_url) as proxy:
+        proxy.add(Fault.slow_down(retry_after_s=1), times=2, method="GET", path="/bucket/key")
+        store = Store("s3://bucket", storage_options={..."endpoint_url": proxy.endpoint_url})
+        ...
+        assert proxy.requests(path="/bucket/key") == 3
+
+NOTE[faultproxy-bounds]: every wait is bounded. Client sockets time out after
+``idle_timeout_s``; the upstream connection after ``upstream_timeout_s``; a delay fault
+sleeps on the stop event, so ``stop()`` ends it at once; ``stop()`` closes the listening
+socket and every client socket still open, and joins the server thread. Handler threads
+are daemons, so a client that never closes its connection cannot keep a test alive.
+"""
+
+from __future__ import annotations
+
+import http.client
+import re
+import socket
+import struct
+import threading
+import time
+import urllib.parse
+from collections import Counter, deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Literal
+
+__all__ = ["Fault", "FaultProxy", "RequestRecord"]
+
+FaultKind = Literal["status", "reset", "truncate", "delay"]
+
+#: Headers that describe one hop of the connection; never forwarded.
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "expect",
+    }
+)
+
+
+def _s3_error(code: str, message: str) -> bytes:
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f"<Error><Code>{code}</Code><Message>{message}</Message></Error>"
+    ).encode()
+
+
+@dataclass(frozen=True)
+class Fault:
+    """What the proxy does instead of (or to) one forwarded request.
+
+    Build faults with the class methods; the fields are public for inspection.
+    """
+
+    kind: FaultKind
+    """``status``: answer with ``status``; ``reset``: drop the connection with a TCP reset
+    before answering; ``truncate``: forward, then send the full headers but only
+    ``keep_bytes`` of the body and close the connection; ``delay``: wait ``delay_s``, then
+    forward normally."""
+    status: int = 503
+    """HTTP status of a ``status`` fault."""
+    body: bytes = b""
+    """Body of a ``status`` fault (an S3 error document)."""
+    retry_after: str | None = None
+    """``Retry-After`` header value of a ``status`` fault, if any."""
+    keep_bytes: int = 0
+    """Body bytes a ``truncate`` fault lets through before it closes the connection."""
+    delay_s: float = 0.0
+    """How long a ``delay`` fault holds the request before forwarding it."""
+
+    @classmethod
+    def slow_down(cls, retry_after_s: float | None = None) -> Fault:
+        """HTTP 503 with S3's ``SlowDown`` error code, optionally with ``Retry-After``."""
+        return cls(
+            "status",
+            503,
+            _s3_error("SlowDown", "Please reduce your request rate."),
+            _retry_after(retry_after_s),
+        )
+
+    @classmethod
+    def too_many_requests(cls, retry_after_s: float | None = None) -> Fault:
+        """HTTP 429, optionally with ``Retry-After``."""
+        return cls(
+            "status",
+            429,
+            _s3_error("TooManyRequests", "Too many requests."),
+            _retry_after(retry_after_s),
+        )
+
+    @classmethod
+    def server_error(cls, status: int = 500) -> Fault:
+        """A 5xx answer (500, 502, 503 or 504) with an S3 ``InternalError`` document."""
+        return cls("status", status, _s3_error("InternalError", "Injected server error."))
+
+    @classmethod
+    def not_found(cls) -> Fault:
+        """HTTP 404 ``NoSuchKey``."""
+        return cls("status", 404, _s3_error("NoSuchKey", "The specified key does not exist."))
+
+    @classmethod
+    def access_denied(cls) -> Fault:
+        """HTTP 403 ``AccessDenied``."""
+        return cls("status", 403, _s3_error("AccessDenied", "Access Denied"))
+
+    @classmethod
+    def reset(cls) -> Fault:
+        """Close the client connection with a TCP reset before any answer."""
+        return cls("reset")
+
+    @classmethod
+    def truncate(cls, keep_bytes: int) -> Fault:
+        """Forward, send the full headers but only ``keep_bytes`` of the body, then close."""
+        if keep_bytes < 0:
+            raise ValueError(f"keep_bytes must not be negative, got {keep_bytes}")
+        return cls("truncate", keep_bytes=keep_bytes)
+
+    @classmethod
+    def delay(cls, seconds: float) -> Fault:
+        """Hold the request ``seconds`` (at most 60), then forward it unchanged."""
+        if not 0 <= seconds <= 60:
+            raise ValueError(f"delay must be within 0..60 s, got {seconds}")
+        return cls("delay", delay_s=seconds)
+
+
+def _retry_after(seconds: float | None) -> str | None:
+    if seconds is None:
+        return None
+    return str(int(seconds)) if float(seconds).is_integer() else str(seconds)
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request the proxy saw (the last ``history_size`` are kept)."""
+
+    method: str
+    """HTTP method."""
+    path: str
+    """URL path, percent-decoded, without the query."""
+    range: str | None
+    """The ``Range`` header, if any."""
+    if_match: str | None
+    """The ``If-Match`` header, if any."""
+    fault: FaultKind | None
+    """The fault injected into it, if any."""
+
+
+@dataclass
+class _Rule:
+    fault: Fault
+    remaining: int | None
+    method: str | None
+    path: re.Pattern[str] | None
+    after: Callable[[], None] | None = None
+
+    def matches(self, method: str, path: str) -> bool:
+        if self.remaining is not None and self.remaining <= 0:
+            return False
+        if self.method is not None and self.method != method:
+            return False
+        return self.path is None or self.path.search(path) is not None
+
+
+@dataclass
+class _State:
+    rules: list[_Rule] = field(default_factory=list)
+    outage_until: float = 0.0
+    outage_fault: Fault = field(default_factory=Fault.reset)
+    counts: Counter[tuple[str, str]] = field(default_factory=Counter)
+    history: deque[RequestRecord] = field(default_factory=lambda: deque(maxlen=1000))
+    faults_served: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0
+
+
+class FaultProxy:
+    """A loopback reverse proxy that injects faults into chosen requests.
+
+    Args:
+        upstream: ``http://host:port`` of the real server; must be on loopback.
+        idle_timeout_s: How long an idle client connection is kept open.
+        upstream_timeout_s: Socket timeout towards the upstream server.
+
+    Raises:
+        ValueError: ``upstream`` is not a plain-HTTP loopback URL.
+    """
+
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        idle_timeout_s: float = 30.0,
+        upstream_timeout_s: float = 60.0,
+    ) -> None:
+        parsed = urllib.parse.urlsplit(upstream)
+        if parsed.scheme != "http" or parsed.hostname not in ("127.0.0.1", "localhost"):
+            raise ValueError(f"upstream must be http://127.0.0.1:<port>, got {upstream!r}")
+        self.upstream_host = parsed.hostname
+        self.upstream_port = parsed.port or 80
+        self.idle_timeout_s = idle_timeout_s
+        self.upstream_timeout_s = upstream_timeout_s
+        self._lock = threading.Lock()
+        self._state = _State()
+        self._stop = threading.Event()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._sockets: set[socket.socket] = set()
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    @property
+    def endpoint_url(self) -> str:
+        """``http://127.0.0.1:<port>`` that clients should use instead of the upstream."""
+        if self._server is None:
+            raise RuntimeError("FaultProxy is not running; call start() first")
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> FaultProxy:
+        """Listen on a free loopback port and serve in a background thread."""
+        if self._server is not None:
+            return self
+        handler = _make_handler(self)
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        server.daemon_threads = True
+        self._server = server
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="fastdata-faultproxy",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, close every open client connection and join the server thread."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        self._stop.set()
+        server.shutdown()
+        server.server_close()
+        with self._lock:
+            sockets, self._sockets = list(self._sockets), set()
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                continue  # already closed by its handler
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def __enter__(self) -> FaultProxy:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- faults ------------------------------------------------------------------------
+
+    def add(
+        self,
+        fault: Fault,
+        *,
+        times: int | None = 1,
+        method: str | None = None,
+        path: str | None = None,
+        after: Callable[[], None] | None = None,
+    ) -> None:
+        """Inject ``fault`` into the next ``times`` matching requests (``None``: all).
+
+        Args:
+            fault: What to do.
+            times: How many matching requests get it; ``None`` for every one.
+            method: Only requests with this HTTP method (``GET``, ``HEAD``, ``PUT``...).
+            path: Only requests whose URL path (without the query, percent-decoded)
+                contains a match of this regular expression.
+            after: Called in the proxy thread once the fault is served and before the
+                client sees the connection end (e.g. to overwrite the object in between
+                a broken read and its retry). It must not raise.
+        """
+        if times is not None and times < 1:
+            raise ValueError(f"times must be at least 1 or None, got {times}")
+        rule = _Rule(fault, times, method, re.compile(path) if path is not None else None, after)
+        with self._lock:
+            self._state.rules.append(rule)
+
+    def outage(self, seconds: float, fault: Fault | None = None) -> None:
+        """Fail every request for the next ``seconds`` (connection resets by default)."""
+        with self._lock:
+            self._state.outage_until = time.monotonic() + seconds
+            self._state.outage_fault = fault or Fault.reset()
+
+    def clear(self) -> None:
+        """Remove every rule and end any outage; counters are kept."""
+        with self._lock:
+            self._state.rules.clear()
+            self._state.outage_until = 0.0
+
+    # -- counters ----------------------------------------------------------------------
+
+    def requests(self, *, path: str | None = None, method: str | None = None) -> int:
+        """Requests seen so far (faulted ones included), filtered by exact path and method."""
+        with self._lock:
+            return sum(
+                n
+                for (m, p), n in self._state.counts.items()
+                if (path is None or p == path) and (method is None or m == method)
+            )
+
+    def history(self) -> list[RequestRecord]:
+        """The most recent requests (up to 1000), oldest first."""
+        with self._lock:
+            return list(self._state.history)
+
+    @property
+    def faults_served(self) -> int:
+        """How many requests got a fault instead of (or on top of) the upstream answer."""
+        with self._lock:
+            return self._state.faults_served
+
+    @property
+    def max_in_flight(self) -> int:
+        """The most requests the proxy was handling at the same moment."""
+        with self._lock:
+            return self._state.max_in_flight
+
+    def reset_counters(self) -> None:
+        """Zero the request counts and the in-flight maximum."""
+        with self._lock:
+            self._state.counts.clear()
+            self._state.history.clear()
+            self._state.faults_served = 0
+            self._state.max_in_flight = self._state.in_flight
+
+    # -- used by the handler -----------------------------------------------------------
+
+    def _begin(
+        self, method: str, path: str, headers: Mapping[str, str]
+    ) -> tuple[Fault | None, Callable[[], None] | None]:
+        with self._lock:
+            state = self._state
+            state.counts[(method, path)] += 1
+            state.in_flight += 1
+            state.max_in_flight = max(state.max_in_flight, state.in_flight)
+            fault: Fault | None = None
+            after: Callable[[], None] | None = None
+            if time.monotonic() < state.outage_until:
+                fault = state.outage_fault
+            else:
+                for rule in state.rules:
+                    if rule.matches(method, path):
+                        if rule.remaining is not None:
+                            rule.remaining -= 1
+                        fault, after = rule.fault, rule.after
+                        break
+            if fault is not None and fault.kind != "delay":
+                state.faults_served += 1
+            state.history.append(
+                RequestRecord(
+                    method,
+                    path,
+                    headers.get("Range"),
+                    headers.get("If-Match"),
+                    fault.kind if fault is not None else None,
+                )
+            )
+            return fault, after
+
+    def _end(self) -> None:
+        with self._lock:
+            self._state.in_flight -= 1
+
+    def _track(self, sock: socket.socket, *, add: bool) -> None:
+        with self._lock:
+            if add:
+                self._sockets.add(sock)
+            else:
+                self._sockets.discard(sock)
+
+
+def _hard_close(sock: socket.socket) -> None:
+    """Close with SO_LINGER 0, so the peer sees a TCP reset instead of a clean FIN."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        return  # already gone
+    try:
+        sock.close()
+    except OSError:
+        return
+
+
+def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
+    class _Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        timeout = proxy.idle_timeout_s
+        _upstream: http.client.HTTPConnection | None = None
+
+        def setup(self) -> None:
+            super().setup()
+            proxy._track(self.connection, add=True)
+
+        def finish(self) -> None:
+            proxy._track(self.connection, add=False)
+            if self._upstream is not None:
+                self._upstream.close()
+            try:
+                super().finish()
+            except OSError:
+                return  # the client is gone, or we reset it on purpose
+
+        def log_message(self, format: str, *args: object) -> None:
+            return  # tests read counters, not access logs
+
+        def do_GET(self) -> None:
+            self._proxy()
+
+        do_HEAD = do_PUT = do_POST = do_DELETE = do_GET
+
+        def _proxy(self) -> None:
+            path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+            fault, after = proxy._begin(self.command, path, self.headers)
+            try:
+                body = self._read_request_body()
+                if fault is not None and fault.kind == "reset":
+                    self._reset(after)
+                elif fault is not None and fault.kind == "status":
+                    self._send_status(fault)
+                    if after is not None:
+                        after()
+                else:
+                    if fault is not None and fault.kind == "delay":
+                        proxy._stop.wait(fault.delay_s)
+                    self._forward(body, fault, after)
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True  # the client went away first
+            finally:
+                proxy._end()
+
+        def _read_request_body(self) -> bytes:
+            if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                parts = []
+                while True:
+                    size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                    if size == 0:
+                        while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                            continue
+                        return b"".join(parts)
+                    parts.append(self.rfile.read(size))
+                    self.rfile.readline()
+            length = int(self.headers.get("Content-Length") or 0)
+            return self.rfile.read(length) if length else b""
+
+        def _reset(self, after: Callable[[], None] | None = None) -> None:
+            self.close_connection = True
+            if after is not None:
+                after()
+            _hard_close(self.connection)
+
+        def _send_status(self, fault: Fault) -> None:
+            self.send_response(fault.status)
+            self.send_header("Content-Type", "application/xml")
+            if fault.retry_after is not None:
+                self.send_header("Retry-After", fault.retry_after)
+            body = b"" if self.command == "HEAD" else fault.body
+            self.send_header("Content-Length", str(len(fault.body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _forward(
+            self, body: bytes, fault: Fault | None, after: Callable[[], None] | None
+        ) -> None:
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+            if body or self.command in ("PUT", "POST"):
+                headers["Content-Length"] = str(len(body))
+            try:
+                resp = self._upstream_request(headers, body)
+                payload = resp.read()
+            except (OSError, http.client.HTTPException):
+                self._reset()  # the upstream failed: the client sees a broken connection
+                return
+            self.send_response_only(resp.status, resp.reason)
+            for name, value in resp.getheaders():
+                if name.lower() not in _HOP_BY_HOP and name.lower() != "content-length":
+                    self.send_header(name, value)
+            upstream_length = resp.getheader("Content-Length")
+            if self.command == "HEAD":
+                self.send_header("Content-Length", upstream_length or "0")
+            else:
+                self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            if self.command == "HEAD":
+                return
+            if fault is not None and fault.kind == "truncate":
+                self.wfile.write(payload[: fault.keep_bytes])
+                self.wfile.flush()
+                self.close_connection = True
+                if after is not None:
+                    after()
+                # A clean FIN, not a reset: on a reset the kernel of the client discards
+                # whatever the client had not read yet, so no body would ever be partial.
+                self.connection.shutdown(socket.SHUT_WR)
+                return
+            self.wfile.write(payload)
+            if after is not None:
+                after()
+
+        def _upstream_request(
+            self, headers: dict[str, str], body: bytes
+        ) -> http.client.HTTPResponse:
+            for attempt in range(2):
+                if self._upstream is None:
+                    self._upstream = http.client.HTTPConnection(
+                        proxy.upstream_host,
+                        proxy.upstream_port,
+                        timeout=proxy.upstream_timeout_s,
+                    )
+                try:
+                    self._upstream.request(self.command, self.path, body=body, headers=headers)
+                    return self._upstream.getresponse()
+                except (ConnectionError, http.client.RemoteDisconnected):
+                    # A kept-alive upstream connection may have been closed by the server
+                    # while idle; reconnect once.
+                    self._upstream.close()
+                    self._upstream = None
+                    if attempt == 1:
+                        raise
+            raise AssertionError("unreachable")
+
+    return _Handler
