@@ -221,6 +221,14 @@ class PrefetchConfig:
     """Background threads that fetch, decode and gather batches."""
     pool_bytes: int = 2 * 1024**3
     """Upper bound of the batch buffer pool (page-aligned, pinned when CUDA is present)."""
+    pool_wait_s: float = 1.0
+    """How long the pool waits for a batch the user still holds to be dropped, when every
+    pooled buffer is held, before it hands out an unpooled buffer instead (docs/prefetch.md)."""
+    hint_batches: int = 32
+    """How many planned batches ahead of the fetches the cache's eviction hint sees."""
+    close_timeout_s: float = 10.0
+    """How long ``close()`` waits for each background thread to finish the fetch it is in;
+    a thread still running after that is logged (it is a daemon and cannot block exit)."""
 
     def __post_init__(self) -> None:
         _require(1 <= self.depth <= 1024, f"prefetch depth must be in 1..1024, got {self.depth}")
@@ -230,6 +238,18 @@ class PrefetchConfig:
         _require(
             self.pool_bytes >= 1024**2,
             f"prefetch pool_bytes must be at least 1 MiB, got {self.pool_bytes}",
+        )
+        _require(
+            0 <= self.pool_wait_s <= 3600,
+            f"prefetch pool_wait_s must be in 0..3600 seconds, got {self.pool_wait_s}",
+        )
+        _require(
+            1 <= self.hint_batches <= 1 << 20,
+            f"prefetch hint_batches must be in 1..{1 << 20}, got {self.hint_batches}",
+        )
+        _require(
+            0 < self.close_timeout_s <= 3600,
+            f"prefetch close_timeout_s must be in (0, 3600] seconds, got {self.close_timeout_s}",
         )
 
 
