@@ -18,9 +18,10 @@ coordination service is needed. ``docs/plan.md`` describes the rules with a work
 from __future__ import annotations
 
 import hashlib
+import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, SupportsIndex, cast
 
 import numpy as np
 
@@ -63,9 +64,10 @@ def _is_int(value: object) -> bool:
 
 
 def _check_int(name: str, value: object, low: int, high: int, hint: str = "") -> int:
-    if not _is_int(value) or not low <= int(value) <= high:  # type: ignore[call-overload]
+    number = operator.index(cast(SupportsIndex, value)) if _is_int(value) else None
+    if number is None or not low <= number <= high:
         raise ConfigError(f"{name} must be an int in {low}..{high}, got {value!r}{hint}")
-    return int(value)  # type: ignore[call-overload]
+    return number
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,7 @@ def _permute(
     out = _feistel(positions.astype(np.uint64), bits, keys)
     todo = np.flatnonzero(out >= np.uint64(size))
     while todo.size:
-        sub_keys = [k if np.ndim(k) == 0 else k[todo] for k in keys]
+        sub_keys = [k[todo] if isinstance(k, np.ndarray) else k for k in keys]
         again = _feistel(out[todo], bits, sub_keys)
         out[todo] = again
         todo = todo[again >= np.uint64(size)]
@@ -340,7 +342,8 @@ class _ShardWalk:
             keys = [_mix(salt ^ k) for k in self._window_keys]
             walk_pos[mask] = window_index[mask] * self.window + _permute(offset[mask], size, keys)
         shard = np.searchsorted(self.walk_end, walk_pos, side="right")
-        return self.shard_start[shard] + (walk_pos - self.walk_start[shard])
+        ids: np.ndarray = self.shard_start[shard] + (walk_pos - self.walk_start[shard])
+        return ids
 
 
 @dataclass(frozen=True)

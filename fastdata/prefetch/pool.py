@@ -105,7 +105,7 @@ def _size_class(nbytes: int) -> int:
 def _cuda_host_register(address: int, nbytes: int) -> bool:
     """Pin ``[address, address + nbytes)`` for every CUDA context; ``False`` on failure."""
     try:
-        result = int(torch.cuda.cudart().cudaHostRegister(address, nbytes, 1))
+        result = int(torch.cuda.cudart().cudaHostRegister(address, nbytes, 1))  # type: ignore[no-untyped-call]
     except (RuntimeError, AssertionError) as exc:  # no usable CUDA here (e.g. after fork)
         logger.warning("buffer pool: cannot reach the CUDA runtime to pin buffers: %s", exc)
         return False
@@ -120,7 +120,7 @@ def _cuda_host_register(address: int, nbytes: int) -> bool:
 def _cuda_host_unregister(address: int, owner: Any) -> None:
     """Unpin a registered range. ``owner`` is held only so the memory outlives this call."""
     del owner
-    result = int(torch.cuda.cudart().cudaHostUnregister(address))
+    result = int(torch.cuda.cudart().cudaHostUnregister(address))  # type: ignore[no-untyped-call]
     if result != 0:
         logger.error("buffer pool: cudaHostUnregister(%#x) failed (cudaError %d)", address, result)
 
@@ -140,7 +140,7 @@ class _Slot:
         view = self.array.base
         base = getattr(self.owner, "base", None)
         self.anchors = (self.array, view, self.owner) + ((base,) if base is not None else ())
-        self.finalizer: weakref.finalize | None = None
+        self.finalizer: weakref.finalize[[int, Any], np.ndarray] | None = None
         if pin and _cuda_host_register(self.array.ctypes.data, nbytes):
             self.finalizer = weakref.finalize(
                 self.array, _cuda_host_unregister, self.array.ctypes.data, self.owner

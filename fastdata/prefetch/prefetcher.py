@@ -240,7 +240,8 @@ class Prefetcher(Generic[B, T]):
         self._source: Iterator[B] = source
         self._hint = hint
         self._lookahead: deque[B] = deque()
-        self._source_done = False
+        # With a hint: why the source stopped (StopIteration at its end, or its error).
+        self._source_end: BaseException | None = None
         self._pending_error: BaseException | None = None
         self._submitted = 0
         self._delivered = 0
@@ -374,18 +375,26 @@ class Prefetcher(Generic[B, T]):
         if self._hint is None:
             return next(self._source, _END)
         horizon = self._config.hint_batches
-        if len(self._lookahead) <= horizon // 2 and not self._source_done:
+        if len(self._lookahead) <= horizon // 2 and self._source_end is None:
             fresh: list[B] = []
-            while len(self._lookahead) + len(fresh) < horizon:
-                batch = next(self._source, _END)
-                if batch is _END:
-                    self._source_done = True
-                    break
-                fresh.append(batch)  # type: ignore[arg-type]
+            try:
+                while len(self._lookahead) + len(fresh) < horizon:
+                    batch = next(self._source, _END)
+                    if batch is _END:
+                        self._source_end = StopIteration()
+                        break
+                    fresh.append(batch)  # type: ignore[arg-type]
+            except Exception as exc:
+                # Raised at the failing batch's turn, after the ones read before it.
+                self._source_end = exc
             if fresh:
                 self._hint(fresh)
                 self._lookahead.extend(fresh)
-        return self._lookahead.popleft() if self._lookahead else _END
+        if self._lookahead:
+            return self._lookahead.popleft()
+        if isinstance(self._source_end, StopIteration):
+            return _END
+        raise self._source_end  # type: ignore[misc]
 
     def stats(self) -> PrefetchStats:
         """A snapshot of what the consumer saw so far."""

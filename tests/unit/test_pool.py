@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import fastdata.prefetch.pool as pool_mod
+from fastdata import record
 from fastdata.config import PrefetchConfig
 from fastdata.errors import ConfigError, FastdataError
 from fastdata.io_native import _pure
@@ -101,6 +102,28 @@ def test_each_kind_of_view_keeps_its_buffer_out_of_reuse(pool: BufferPool, view_
     again = pool.acquire(4096)
     assert pool.stats().allocations == 2
     del again
+
+
+def test_collated_batches_keep_their_buffer_until_every_field_is_dropped(pool: BufferPool) -> None:
+    records = [
+        record.encode({"x": np.full((8, 8), i, dtype=np.float32), "label": i, "name": b"s%d" % i})
+        for i in range(16)
+    ]
+    kept = record.collate(records, alloc=pool.acquire)
+    tensor = torch.from_numpy(kept["x"])
+    names = kept["name"]
+    del kept
+    for _ in range(200):
+        batch = record.collate(records[::-1], alloc=pool.acquire)
+        del batch
+    assert [int(t[0, 0]) for t in tensor] == list(range(16))
+    assert bytes(names.values[: names.offsets[1]]) == b"s0"
+    assert pool.stats().buffers_in_use == 1
+    del tensor
+    assert pool.stats().buffers_in_use == 1  # the variable-length field still views it
+    del names
+    assert pool.stats().buffers_in_use == 0
+    assert pool.stats().allocations == 2
 
 
 def test_views_dug_out_through_base_also_count(pool: BufferPool) -> None:

@@ -123,6 +123,23 @@ def test_source_error_is_delivered_after_the_batches_before_it() -> None:
     assert p.closed
 
 
+@pytest.mark.parametrize("hint_batches", [1, 2, 7])
+def test_source_error_with_a_hint_still_delivers_every_batch_before_it(hint_batches: int) -> None:
+    def source() -> Iterator[int]:
+        yield from range(10)
+        raise KeyError("index file vanished")
+
+    hinted: list[int] = []
+    p = Prefetcher(
+        source(), lambda i: i, config=_cfg(hint_batches=hint_batches), hint=hinted.extend
+    )
+    assert [next(p) for _ in range(10)] == list(range(10))
+    with pytest.raises(KeyError) as info:
+        next(p)
+    assert "planning batch 10" in " ".join(info.value.__notes__)
+    assert hinted == list(range(10))
+
+
 def test_hint_sees_every_batch_once_in_order_before_it_is_fetched() -> None:
     log: list[tuple[str, int]] = []
     lock = threading.Lock()
