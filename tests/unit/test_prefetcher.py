@@ -319,6 +319,70 @@ def test_no_pool_buffer_is_left_behind() -> None:
         assert pool.stats().pooled_bytes <= 1 << 20
 
 
+class _Leased:
+    """A fetch result like the real one: a pool buffer plus an open handle (a lease)."""
+
+    def __init__(self, buf: np.ndarray, path: Path) -> None:
+        self.buf = buf
+        self.file = path.open("rb")
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _consume(p: Prefetcher[int, _Leased], mode: str, count: int) -> None:
+    """Read `count` batches, closing each one's handle, then stop in the given way."""
+    for _ in range(count):
+        next(p).close()
+    if mode == "close":
+        p.close()
+    elif mode == "break_with":
+        with p:
+            for item in p:
+                item.close()
+                break
+
+
+@pytest.mark.parametrize("mode", ["exhaust", "break_with", "close", "gc", "ctrl_c", "error"])
+def test_every_way_of_stopping_leaves_no_thread_fd_or_buffer(tmp_path: Path, mode: str) -> None:
+    path = tmp_path / "shard.bin"
+    path.write_bytes(b"\0" * 64)
+    fds_before = _open_fds()
+    total = 8 if mode == "exhaust" else 200
+    with BufferPool(1 << 20, pin=False, wait_s=2.0) as pool:
+
+        def fetch(i: int) -> _Leased:
+            if mode == "error" and i == 5:
+                raise CustomFetchError("bad record")
+            if mode == "ctrl_c" and i == 5:
+                time.sleep(0.3)  # Ctrl-C arrives while the consumer waits for this one
+            buf = pool.acquire(8192)
+            buf[:] = i % 256
+            return _Leased(buf, path)
+
+        p = Prefetcher(range(total), fetch, config=_cfg(depth=6, threads=3), discard=_Leased.close)
+        if mode in ("close", "break_with", "gc"):
+            _consume(p, mode, 5)
+        elif mode == "exhaust":
+            _consume(p, mode, total)
+            assert next(p, None) is None
+        elif mode == "error":
+            _consume(p, mode, 5)
+            with pytest.raises(CustomFetchError):
+                next(p)
+        else:
+            _consume(p, mode, 5)
+            timer = threading.Timer(0.05, _thread.interrupt_main)
+            timer.start()
+            with pytest.raises(KeyboardInterrupt):
+                next(p)
+            timer.join()
+        del p  # "gc" relies on this alone; the other modes have stopped already
+        assert _prefetch_threads() == []
+        assert pool.stats().buffers_in_use == 0
+    assert _open_fds() == fds_before
+
+
 def test_stats_measure_the_consumer_wait() -> None:
     def slow(i: int) -> int:
         time.sleep(0.01)
