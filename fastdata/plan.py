@@ -506,7 +506,13 @@ class EpochPlan:
         return cls(order, world_size=world_size, rank=rank, cursor=state.cursor)
 
     def batch_ids(self, index: int) -> np.ndarray:
-        """The sample ids of this rank's batch ``index`` (``0 .. num_batches - 1``)."""
+        """The sample ids of this rank's batch ``index`` (``0 .. num_batches - 1``).
+
+        Raises:
+            ConfigError: ``index`` is out of range (or the plan has no batches).
+        """
+        if self.num_batches == 0:
+            raise ConfigError(f"{self!r} has no batches: the rest of the epoch is its tail")
         index = _check_int("batch index", index, 0, self.num_batches - 1)
         return self._chunk(np.array([index], dtype=np.int64))[0]
 

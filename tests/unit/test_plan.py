@@ -212,6 +212,8 @@ def test_cursor_after_counts_global_steps_and_ends_at_num_samples() -> None:
     empty = EpochPlan(EpochOrder(3, PlanConfig(batch_size=2), epoch=0), world_size=4)
     assert empty.num_batches == 0
     assert empty.cursor_after(0) == 3
+    with pytest.raises(ConfigError, match="has no batches"):
+        empty.batch_ids(0)
 
 
 def test_resume_under_another_world_size_and_batch_size_is_exactly_once() -> None:
