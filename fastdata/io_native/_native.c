@@ -1,9 +1,9 @@
 /* fastdata.io_native._native: module definition (multi-phase init, no C globals).
  *
- * The functions live in one file per concern (aligned.c allocation, format.c record
- * validation, batch.c the batch functions, crc32c.c, zstd.c); this file wires them into the
- * module, imports the error classes into module state and exports the format constants
- * that _pure.py also exports.
+ * One file per concern: aligned.c (allocation), format.c (record validation), common.c
+ * (arguments, buffer views), decode.c, gather.c, crc32c.c, zstd.c. This file wires them
+ * into the module, imports the error classes into module state and exports the format
+ * constants that _pure.py also exports.
  */
 #include "native.h"
 

@@ -1,11 +1,13 @@
 /* CRC-32C (Castagnoli): the SSE4.2 crc32 instruction when the CPU has it, else
- * slicing-by-8 tables kept in module state. Pure C, runs without the GIL.
+ * slicing-by-8 tables kept in module state. fd_crc_init and fd_crc32c are pure C and run
+ * without the GIL; fd_crc32c_py is the module function crc32c().
  *
  * fd_crc32c() extends a finished CRC like google_crc32c.extend(): value 0 starts a new
  * one, and crc(a + b) == fd_crc32c(fd_crc32c(0, a), b).
  */
 #include "native.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -106,3 +108,60 @@ uint32_t fd_crc32c(const fd_crc *crc, int method, uint32_t value, const uint8_t 
 #endif
     return ~fd_crc_table(crc, c, data, len);
 }
+
+/* crc32c(data, value=0, method="auto") -> int. Returns a new reference. Borrowed: the
+ * arguments; the view of data is held until `done`. Large inputs are summed without the GIL. */
+PyObject *fd_crc32c_py(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"data", "value", "method"};
+    static const char *const methods[] = {"auto", "hardware", "table"};
+    PyObject *values[3] = {NULL, NULL, NULL};
+    if (fd_args("crc32c", args, nargs, kwnames, names, 3, 1, values) < 0) {
+        return NULL;
+    }
+    int method = values[2] == NULL ? FD_CRC_AUTO : -1;
+    for (int m = 0; m < 3 && method < 0; m++) {
+        if (PyUnicode_Check(values[2]) && PyUnicode_CompareWithASCIIString(values[2], methods[m]) == 0) {
+            method = m;
+        }
+    }
+    if (method < 0) {
+        PyErr_Format(PyExc_ValueError, "method must be 'auto', 'hardware' or 'table', not %R", values[2]);
+        return NULL;
+    }
+    unsigned long long value = 0;
+    if (values[1] != NULL) {
+        int ok = PyLong_Check(values[1]) && !PyBool_Check(values[1]);
+        value = ok ? PyLong_AsUnsignedLongLong(values[1]) : 0;
+        if (ok && value == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            ok = 0;
+        }
+        if (!ok || value > 0xFFFFFFFFull) {
+            PyErr_Format(PyExc_ValueError, "value must be an int in 0..2**32-1, not %R", values[1]);
+            return NULL;
+        }
+    }
+    fd_state *st = fd_get_state(module);
+    if (method == FD_CRC_HARDWARE && !st->crc.hardware) {
+        PyErr_SetString(PyExc_ValueError, "this CPU has no SSE4.2 crc32 instruction; use method='auto' or 'table'");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(values[0], &view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        fd_type_error("data", values[0],
+                      "a contiguous buffer; pass bytes, memoryview, numpy arrays or other buffer-protocol objects");
+        return NULL;
+    }
+    uint32_t crc;
+    if (view.len >= 65536) {
+        Py_BEGIN_ALLOW_THREADS
+        crc = fd_crc32c(&st->crc, method, (uint32_t)value, view.buf, (size_t)view.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        crc = fd_crc32c(&st->crc, method, (uint32_t)value, view.buf, (size_t)view.len);
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(crc);
+}
+

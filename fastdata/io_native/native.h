@@ -89,6 +89,22 @@ typedef struct {
     char message[240];
 } fd_problem;
 
+/* The input buffers of one call: `seq` owns a list/tuple of the objects, views[0..held) are
+ * acquired read-only views. Released by fd_sources_release. */
+typedef struct {
+    PyObject *seq;
+    Py_buffer *views;
+    Py_ssize_t count, held;
+} fd_sources;
+
+/* What went wrong in a GIL-free section, raised after the GIL is back. */
+enum { FD_OK = 0, FD_ERR_DECODE, FD_ERR_MISSING, FD_ERR_MEMORY };
+typedef struct {
+    int kind;
+    Py_ssize_t index;
+    fd_problem problem;
+} fd_failure;
+
 /* format.c: pure C, no Python objects; safe to call without the GIL. */
 int fd_record_open(fd_record *rec, const uint8_t *data, uint64_t len, int verify, const fd_crc *crc,
                    fd_problem *problem);
@@ -103,11 +119,19 @@ uint32_t fd_crc32c(const fd_crc *crc, int method, uint32_t value, const uint8_t 
 int fd_zstd_load(fd_state *st, const char *soname);
 int fd_zstd_snapshot(fd_state *st, fd_zstd_api *api);
 
+/* common.c: called with the GIL held. */
+int fd_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+            const char *const *names, Py_ssize_t nnames, Py_ssize_t nrequired, PyObject **values);
+void fd_type_error(const char *what, PyObject *obj, const char *rest);
+int fd_sources_acquire(fd_sources *s, PyObject *buffers);
+void fd_sources_release(fd_sources *s);
+void fd_raise_decode(fd_state *st, const fd_failure *f);
+
 /* aligned.c */
 int fd_aligned_init_type(PyObject *module, fd_state *st);
 PyObject *fd_aligned_empty(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 
-/* batch.c */
+/* The module's functions (decode.c, gather.c, crc32c.c, zstd.c). */
 PyObject *fd_decode_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *fd_gather(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *fd_crc32c_py(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);

@@ -2,7 +2,7 @@
  * machine without libzstd.so.1 still imports the module (gathering a zstd field then
  * raises CodecUnavailableError, which fastdata.record answers with the pure backend).
  *
- * Both functions run with the GIL held and take st->zstd_lock, so loading is also safe in a
+ * Everything here runs with the GIL held and take st->zstd_lock, so loading is also safe in a
  * free-threaded build. A loaded library is never closed: a gather running without the GIL
  * may still be using function pointers from an earlier snapshot.
  */
@@ -87,4 +87,34 @@ int fd_zstd_snapshot(fd_state *st, fd_zstd_api *api) {
         return -1;
     }
     return 0;
+}
+
+/* load_zstd(soname="libzstd.so.1") -> str. Returns a new reference; runs with the GIL. */
+PyObject *fd_load_zstd(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"soname"};
+    PyObject *values[1] = {NULL};
+    if (fd_args("load_zstd", args, nargs, kwnames, names, 1, 0, values) < 0) {
+        return NULL;
+    }
+    const char *soname = "libzstd.so.1";
+    if (values[0] != NULL) {
+        if (!PyUnicode_Check(values[0])) {
+            PyObject *tname = PyType_GetName(Py_TYPE(values[0]));
+            if (tname != NULL) {
+                PyErr_Format(PyExc_TypeError, "soname must be a str, not %U", tname);
+                Py_DECREF(tname);
+            }
+            return NULL;
+        }
+        soname = PyUnicode_AsUTF8(values[0]);
+        if (soname == NULL) {
+            return NULL;
+        }
+    }
+    fd_state *st = fd_get_state(module);
+    fd_zstd_api api;
+    if (fd_zstd_load(st, soname) < 0 || fd_zstd_snapshot(st, &api) < 0) {
+        return NULL;
+    }
+    return PyUnicode_FromString(api.version());
 }
