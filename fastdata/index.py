@@ -28,8 +28,8 @@ import numpy as np
 
 from fastdata.config import default_cache_dir
 from fastdata.errors import ConfigError, ObjectChangedError
-from fastdata.layouts import Layout, Sample, detect_layout, make_layout
-from fastdata.layouts.base import ObjectScan, UnitView, corrupt
+from fastdata.layouts import ROW_DTYPE, Layout, Sample, detect_layout, make_layout
+from fastdata.layouts.base import BuildResult, ObjectScan, UnitView, corrupt
 from fastdata.layouts.table import SampleTable, TableVersions
 from fastdata.store import ByteRange, ObjectInfo, Store, glob_to_regex
 
@@ -40,6 +40,7 @@ __all__ = [
     "normalize_url",
     "open_index",
     "plan_units",
+    "save_index",
 ]
 
 logger = logging.getLogger(__name__)
@@ -477,6 +478,18 @@ def _build(
 ) -> SampleTable:
     reuse = _Reuse(previous._table) if previous is not None else None
     result = selection.layout.build(store, selection.objects, reuse)
+    logger.info(
+        "indexed %s: %d samples in %d objects (%s layout)",
+        selection.url,
+        len(result.rows),
+        len(selection.objects),
+        selection.layout.name,
+    )
+    return _save(versions, selection, result)
+
+
+def _save(versions: TableVersions, selection: _Selection, result: BuildResult) -> SampleTable:
+    """Write and publish one version (call with the lock held; NOTE[index-publish])."""
     meta = {
         "url": selection.url,
         "layout": selection.layout.name,
@@ -494,14 +507,54 @@ def _build(
     except BaseException:
         versions.discard(built)
         raise
-    logger.info(
-        "indexed %s: %d samples in %d objects (%s layout)",
-        selection.url,
-        len(result.rows),
-        len(selection.objects),
-        selection.layout.name,
-    )
     return versions.publish(built, selection.fingerprint)
+
+
+def save_index(
+    url: str,
+    objects: Sequence[ObjectInfo],
+    rows: np.ndarray,
+    *,
+    layout: str,
+    pattern: str | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    **layout_options: Any,
+) -> SampleIndex:
+    """Save a sample table made elsewhere where ``open_index(url, layout=layout, ...)`` finds it.
+
+    For tools that already know every sample's place (and for synthetic indexes in
+    benchmarks). ``open_index`` with the same URL, layout, pattern and options then opens
+    it in ``immutable`` mode without touching the store.
+
+    Args:
+        url: The dataset URL.
+        objects: The source objects, sorted by the UTF-8 bytes of their paths.
+        rows: One ``fastdata.layouts.ROW_DTYPE`` row per sample, ordered by object.
+        layout: The layout that reads the samples.
+        pattern: The pattern ``open_index`` will be called with (``None``: the default).
+        cache_dir: As for :func:`open_index`.
+        **layout_options: As for :func:`open_index`.
+
+    Raises:
+        ConfigError: The rows or objects do not fit together.
+    """
+    url = normalize_url(url)
+    fields = layout_options.pop("fields", None)
+    chosen = make_layout(layout, fields=fields, **layout_options)
+    selection = _Selection(url, list(objects), chosen, pattern or chosen.default_pattern)
+    if [o.path for o in selection.objects] != [o.path for o in objects]:
+        raise ConfigError("save_index needs objects sorted by the UTF-8 bytes of their paths")
+    if rows.dtype != ROW_DTYPE:
+        raise ConfigError(f"rows must have dtype fastdata.layouts.ROW_DTYPE, not {rows.dtype}")
+    obj = rows["obj"]
+    if len(rows) and (int(obj.max()) >= len(objects) or bool((np.diff(obj) < 0).any())):
+        raise ConfigError("rows must be ordered by object and name objects that exist")
+    base = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    key = _spec_key(url, layout, pattern, fields, layout_options)
+    versions = TableVersions(base / "index" / key)
+    with versions.lock():
+        table = _save(versions, selection, BuildResult(rows=rows))
+    return SampleIndex(table)
 
 
 def open_index(

@@ -204,13 +204,16 @@ def scan_with_reuse(
     objects: Sequence[ObjectInfo],
     previous: PreviousScans | None,
     scan: Callable[[Sequence[ObjectInfo]], list[ObjectScan]],
+    *,
+    batch: int = SCAN_BATCH,
 ) -> list[ObjectScan]:
     """Scan only the objects that ``previous`` does not already know, in batches.
 
     Args:
         objects: The selected objects, in index order.
         previous: Scans of an earlier index, or ``None``.
-        scan: Scans a batch of objects (at most ``SCAN_BATCH``) and returns their scans.
+        scan: Scans a batch of objects (at most ``batch``) and returns their scans.
+        batch: Objects per ``scan`` call (bounds the memory of one call).
 
     Returns:
         One scan per object, in the order of ``objects``.
@@ -219,9 +222,9 @@ def scan_with_reuse(
         previous.get(info) if previous is not None else None for info in objects
     ]
     todo = [i for i, found in enumerate(scans) if found is None]
-    for first in range(0, len(todo), SCAN_BATCH):
-        batch = todo[first : first + SCAN_BATCH]
-        for i, result in zip(batch, scan([objects[i] for i in batch]), strict=True):
+    for first in range(0, len(todo), batch):
+        chunk = todo[first : first + batch]
+        for i, result in zip(chunk, scan([objects[i] for i in chunk]), strict=True):
             scans[i] = result
     return [s for s in scans if s is not None]
 

@@ -46,6 +46,7 @@ TAIL_BYTES = 64 * 1024
 _MAGIC = b"PAR1"
 _MIN_SIZE = 12  # "PAR1" + footer length + "PAR1"
 _METADATA_CACHE_LIMIT = 256
+_MAX_GROUP_ROWS = 2**32 - 1  # a row's place in its group is a u32 in the index
 
 
 def _leaf_count(kind: pa.DataType) -> int:
@@ -203,10 +204,15 @@ class ParquetLayout:
         except (pa.ArrowException, OSError, ValueError) as exc:
             raise corrupt(path, data_end, f"unreadable Parquet footer ({exc})") from exc
         leaves = self._leaves(schema, path)
+        counts = [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
+        if sum(counts) != metadata.num_rows or not all(0 <= c <= _MAX_GROUP_ROWS for c in counts):
+            raise corrupt(
+                path, data_end, f"row counts {counts[:8]} do not add up to {metadata.num_rows}"
+            )
         spans: list[tuple[int, int] | None] = []
-        for group in range(metadata.num_row_groups):
+        for group, count in enumerate(counts):
             rg = metadata.row_group(group)
-            spans.append(_group_span(rg, group, leaves, path, data_end) if rg.num_rows else None)
+            spans.append(_group_span(rg, group, leaves, path, data_end) if count else None)
         group_at = {span[0]: group for group, span in enumerate(spans) if span is not None}
         return _FileMeta(metadata, spans, group_at, schema.names)
 
@@ -254,11 +260,12 @@ class ParquetLayout:
             try:
                 table = reader.read_row_group(group, columns=self._columns(meta))
                 table = table.take(pa.array(unit.rows["aux"][picked].astype(np.int64)))
-            except (pa.ArrowException, OSError) as exc:
+                samples = _samples(table, unit.path, group)
+            except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
                 raise corrupt(
                     unit.path, start, f"row group {group} is unreadable ({exc})", sample_id=first_id
                 ) from exc
-            for i, sample in zip(picked.tolist(), _samples(table, unit.path, group), strict=True):
+            for i, sample in zip(picked.tolist(), samples, strict=True):
                 out[i] = sample
         return [s for s in out if s is not None]
 

@@ -13,7 +13,8 @@ all shards of a round in one ``get_many``. A window starts at the next header an
 member larger than the window it shrinks again, so that large payloads are skipped
 rather than downloaded. Each sample row covers the bytes from its first header to the
 end of its last member's data, so one sample (or a run of consecutive samples) is one
-ranged read.
+ranged read. At most ``SCAN_SHARDS`` shards are walked at once, which bounds the
+memory of a scan to ``SCAN_SHARDS * SCAN_WINDOW_MAX_BYTES``.
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ BLOCK = 512
 _ZERO_BLOCK = bytes(BLOCK)
 SCAN_WINDOW_BYTES = 16 * 1024
 """First window read at each header position while scanning a shard."""
-SCAN_WINDOW_MAX_BYTES = 4 * 1024 * 1024
+SCAN_WINDOW_MAX_BYTES = 1024 * 1024
 """Largest window; reached only while a shard's members stay small."""
+SCAN_SHARDS = 64
+"""Shards scanned together (one ``get_many`` per round): at most 64 MiB of windows."""
 _MAX_META_BYTES = 1024 * 1024
 _FILE_TYPES = frozenset({tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE})
 _META_TYPES = frozenset(
@@ -274,7 +277,9 @@ class TarLayout:
         self, store: Store, objects: Sequence[ObjectInfo], previous: PreviousScans | None
     ) -> BuildResult:
         """Read every shard's headers (windows, all shards of a round at once)."""
-        scans = scan_with_reuse(objects, previous, lambda batch: self._scan(store, batch))
+        scans = scan_with_reuse(
+            objects, previous, lambda batch: self._scan(store, batch), batch=SCAN_SHARDS
+        )
         return BuildResult(rows=concat_scans(scans))
 
     def _scan(self, store: Store, infos: Sequence[ObjectInfo]) -> list[ObjectScan]:

@@ -25,6 +25,7 @@ from fastdata.index import (
     normalize_url,
     open_index,
     plan_units,
+    save_index,
 )
 from fastdata.layouts import RawRecord, ShardBuilder
 from fastdata.store import ByteRange, ObjectInfo, Store
@@ -468,3 +469,35 @@ def test_index_repr_and_locations(tar_shards: Path, tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         open_index(str(tar_shards), cache_dir=cache(tmp_path), consistency="validate")
+
+
+def test_save_index_is_found_by_open_index_without_the_store(tmp_path: Path) -> None:
+    from fastdata.layouts.packed import scan_shards
+
+    root = tmp_path / "made-elsewhere"
+    root.mkdir()
+    records = [os.urandom(100 + i) for i in range(10)]
+    builder = ShardBuilder()
+    for rec in records:
+        builder.add(rec)
+    (root / "a.fdpack").write_bytes(builder.finish())
+    store = Store(str(root))
+    info = store.info("a.fdpack")
+    (scan,) = scan_shards(store, [info])
+    saved = save_index(str(root), [info], scan.rows, layout="packed", cache_dir=cache(tmp_path))
+    counting = CountingStore(saved.url)
+    opened = open_index(str(root), layout="packed", store=counting, cache_dir=cache(tmp_path))
+    assert (counting.lists, counting.get_calls) == (0, 0)
+    assert opened.fingerprint == saved.fingerprint
+    assert [bytes(s.buffer) for s in opened.read_samples(store, [9, 0])] == [records[9], records[0]]
+    with pytest.raises(ConfigError, match="sorted"):
+        save_index(
+            str(root),
+            [ObjectInfo("b", 1, "x"), ObjectInfo("a", 1, "x")],
+            scan.rows,
+            layout="packed",
+        )
+    bad = scan.rows.copy()
+    bad["obj"] = 3
+    with pytest.raises(ConfigError, match="name objects that exist"):
+        save_index(str(root), [info], bad, layout="packed", cache_dir=cache(tmp_path))

@@ -6,6 +6,7 @@ import io
 import struct
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -347,3 +348,73 @@ def test_parquet_estimate_shares_a_row_group_span(tmp_path: Path) -> None:
     assert len(built.rows) == 100
     estimate = ParquetLayout().estimate_bytes(built.rows)
     assert (estimate == built.rows["length"] // 25).all()
+
+
+# --- malformed bytes never crash ------------------------------------------------------
+
+
+def _index_all(root: Path, name: str, data: bytes) -> Exception | None:
+    """Build and read the whole index of one object; the fastdata error it raised, if any."""
+    from fastdata.index import open_index
+
+    (root / "ds").mkdir(exist_ok=True)
+    (root / "ds" / name).write_bytes(data)
+    try:
+        index = open_index(str(root / "ds"), cache_dir=str(root / "cache"))
+        index.read_samples(Store(index.url), np.arange(len(index)))
+    except (CorruptRecordError, ConfigError) as exc:
+        return exc
+    return None
+
+
+def _mutations() -> Any:
+    from hypothesis import strategies as st
+
+    return st.lists(
+        st.tuples(st.integers(0, 10**6), st.integers(1, 255)), min_size=1, max_size=4
+    ), st.one_of(st.none(), st.integers(0, 10**6))
+
+
+def _mutate(data: bytes, flips: list[tuple[int, int]], cut: int | None) -> bytes:
+    out = bytearray(data)
+    for where, xor in flips:
+        out[where % len(out)] ^= xor
+    return bytes(out if cut is None else out[: cut % (len(out) + 1)])
+
+
+_TAR = tar_bytes(
+    [(f"k{k}.{ext}", bytes([k]) * (k * 300 % 2000)) for k in range(6) for ext in ("a", "b")]
+    + [("ü" * 120 + ".long", b"long name")]
+)
+_SHARD = bytes(
+    (lambda b: ([b.add(bytes([i]) * (50 + i)) for i in range(20)], b.finish())[1])(ShardBuilder())
+)
+_PARQUET_BUFFER = io.BytesIO()
+pq.write_table(
+    pa.table({"x": np.arange(300), "s": [f"v{i}" for i in range(300)]}), _PARQUET_BUFFER,
+    row_group_size=40,
+)  # fmt: skip
+_PARQUET = _PARQUET_BUFFER.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("name", "data"), [("s.tar", _TAR), ("s.fdpack", _SHARD), ("s.parquet", _PARQUET)]
+)
+def test_mutated_shards_index_or_raise_corrupt_never_crash(name: str, data: bytes) -> None:
+    import tempfile
+
+    from hypothesis import given
+
+    flips_strategy, cut_strategy = _mutations()
+
+    @given(flips=flips_strategy, cut=cut_strategy)
+    def check(flips: list[tuple[int, int]], cut: int | None) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            error = _index_all(Path(tmp), name, _mutate(data, flips, cut))
+        if isinstance(error, CorruptRecordError):
+            assert error.offset is not None
+            assert name in str(error)
+        elif error is not None:  # a flipped null bitmap reads as a null, which is refused
+            assert "has nulls" in str(error)
+
+    check()

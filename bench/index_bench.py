@@ -1,0 +1,287 @@
+"""Index benchmark: listing and index builds against a local SeaweedFS, and the open time
+and resident memory of a saved 10-million-sample index.
+
+Run one benchmark at a time:
+
+    flock /tmp/fastdata-bench.lock python bench/index_bench.py [--quick] [--json PATH]
+
+Parts, all in one run:
+
+* files layout, 10,000 and 100,000 tiny objects: upload time (concurrent PUTs, reported
+  apart), the raw listing (``Store.list``, the baseline), the first ``open_index`` (list +
+  build + save), a reopen (``immutable``: no store call) and a ``validate`` reopen (one
+  listing), each as seconds and as a ratio to the raw listing;
+* tar layout: the header scan of shards holding small and some large members, with the
+  bytes it read as a fraction of the shard bytes;
+* a synthetic saved index of 10 million samples (``save_index``): bytes per sample on
+  disk, and in fresh processes the ``open_index`` time (limit 1 s) and the RSS increase,
+  also after ``keys``/``fingerprints``/``locations`` of a random batch of 256.
+
+``--quick`` runs every part at a tiny size (CI smoke).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fastdata.config import StoreConfig
+from fastdata.index import open_index, save_index
+from fastdata.layouts import ROW_DTYPE
+from fastdata.store import ObjectInfo, Store
+from fastdata.testing.seaweedfs import SeaweedServer
+
+UPLOAD_CHUNK = 2000
+OPEN_LIMIT_S = 1.0
+
+
+def _clock() -> float:
+    return time.perf_counter()
+
+
+def files_part(server: SeaweedServer, n: int, cache_dir: Path) -> dict[str, Any]:
+    """Upload ``n`` tiny objects, then time listing, build, reopen and validate."""
+    bucket = f"index-bench-files-{n}"
+    server.create_bucket(bucket)
+    url = f"s3://{bucket}/objects"
+    options = server.storage_options
+    writer = Store(url, storage_options=options, config=StoreConfig(max_concurrency=64))
+    rng = np.random.default_rng(n)
+    started = _clock()
+    for first in range(0, n, UPLOAD_CHUNK):
+        batch = range(first, min(n, first + UPLOAD_CHUNK))
+        writer.put_many([(f"c{i % 10}/{i:07d}.bin", rng.bytes(16 + i % 48)) for i in batch])
+    upload_s = _clock() - started
+    store = Store(url, storage_options=options)
+    started = _clock()
+    listed = store.list()
+    list_s = _clock() - started
+    if len(listed) != n:
+        raise RuntimeError(f"listed {len(listed)} of {n} uploaded objects")
+    timings = {}
+    for name, consistency in (
+        ("build", "immutable"),
+        ("reopen", "immutable"),
+        ("validate", "validate"),
+    ):
+        started = _clock()
+        index = open_index(
+            url,
+            storage_options=options,
+            cache_dir=str(cache_dir),
+            labels=True,
+            consistency=consistency,
+        )  # type: ignore[arg-type]
+        timings[name] = _clock() - started
+    ids = rng.integers(0, len(index), 256)
+    started = _clock()
+    index.read_samples(store, ids)
+    read_s = _clock() - started
+    return {
+        "objects": n,
+        "upload_s": upload_s,
+        "list_s": list_s,
+        "build_s": timings["build"],
+        "reopen_s": timings["reopen"],
+        "validate_s": timings["validate"],
+        "read_256_s": read_s,
+    }
+
+
+def _tar(members: list[tuple[str, bytes]]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def tar_part(server: SeaweedServer, shards: int, per_shard: int, cache_dir: Path) -> dict[str, Any]:
+    """Time the header scan of tar shards with small members and every 25th one large."""
+    bucket = f"index-bench-tar-{shards}x{per_shard}"
+    server.create_bucket(bucket)
+    url = f"s3://{bucket}/shards"
+    rng = np.random.default_rng(shards)
+    total = 0
+    writer = Store(url, storage_options=server.storage_options)
+    for s in range(shards):
+        members = []
+        for k in range(per_shard):
+            size = 200_000 if k % 25 == 0 else int(rng.integers(200, 2000))
+            members += [
+                (f"{s:03d}{k:05d}.jpg", rng.bytes(size)),
+                (f"{s:03d}{k:05d}.cls", b"%d" % k),
+            ]
+        data = _tar(members)
+        total += len(data)
+        writer.put_many([(f"{s:04d}.tar", data)])
+    store = Store(url, storage_options=server.storage_options)
+    before = store.stats()
+    started = _clock()
+    index = open_index(url, store=store, cache_dir=str(cache_dir))
+    build_s = _clock() - started
+    after = store.stats()
+    return {
+        "shards": shards,
+        "samples": len(index),
+        "shard_bytes": total,
+        "build_s": build_s,
+        "requests": after.requests - before.requests,
+        "bytes_read": after.bytes_read - before.bytes_read,
+    }
+
+
+_PROBE = r"""
+import json, sys, time
+import numpy as np
+from fastdata.index import open_index
+
+def rss():
+    # (anonymous, file-backed) resident bytes: mapped index pages count as file-backed.
+    with open("/proc/self/status") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return tuple(int(fields[k].split()[0]) * 1024 for k in ("RssAnon", "RssFile"))
+
+def delta(now, then):
+    return [a - b for a, b in zip(now, then)]
+
+url, cache_dir = sys.argv[1], sys.argv[2]
+before = rss()
+started = time.perf_counter()
+index = open_index(url, layout="packed", cache_dir=cache_dir)
+open_s = time.perf_counter() - started
+opened = rss()
+ids = np.random.default_rng(0).integers(0, len(index), 256)
+started = time.perf_counter()
+index.keys(ids); index.fingerprints(ids); index.locations(ids)
+batch_s = time.perf_counter() - started
+print(json.dumps({"samples": len(index), "open_s": open_s, "rss_open": delta(opened, before),
+                  "batch_s": batch_s, "rss_batch": delta(rss(), before)}))
+"""
+
+
+def synthetic_part(samples: int, cache_dir: Path, probes: int = 3) -> dict[str, Any]:
+    """Save a synthetic packed index of ``samples`` samples and open it in fresh processes."""
+    per_object = 1000
+    count = samples // per_object
+    objects = [
+        ObjectInfo(f"shard-{i:06d}.fdpack", per_object * 1024 + 64, f"e{i}") for i in range(count)
+    ]
+    rows = np.zeros(count * per_object, dtype=ROW_DTYPE)
+    rows["obj"] = np.repeat(np.arange(count, dtype=np.uint32), per_object)
+    rows["offset"] = 64 + (np.arange(len(rows), dtype=np.uint64) % per_object) * 1024
+    rows["length"] = 1000
+    url = "s3://synthetic-bucket/never-listed"
+    started = _clock()
+    index = save_index(url, objects, rows, layout="packed", cache_dir=str(cache_dir))
+    save_s = _clock() - started
+    disk = sum(p.stat().st_size for p in index.path.iterdir())
+    del index, rows
+    runs = []
+    for _ in range(probes):
+        out = subprocess.run(
+            [sys.executable, "-c", _PROBE, url, str(cache_dir)],
+            capture_output=True, text=True, timeout=300, check=True,
+        )  # fmt: skip
+        runs.append(json.loads(out.stdout))
+    return {
+        "samples": count * per_object,
+        "save_s": save_s,
+        "disk_bytes": disk,
+        "bytes_per_sample": disk / (count * per_object),
+        "open_s_median": statistics.median(r["open_s"] for r in runs),
+        "open_s_max": max(r["open_s"] for r in runs),
+        "rss_open_anon_max": max(r["rss_open"][0] for r in runs),
+        "rss_open_file_max": max(r["rss_open"][1] for r in runs),
+        "batch_s_median": statistics.median(r["batch_s"] for r in runs),
+        "rss_batch_anon_max": max(r["rss_batch"][0] for r in runs),
+        "rss_batch_file_max": max(r["rss_batch"][1] for r in runs),
+    }
+
+
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:.2f} MiB"
+
+
+def report(results: dict[str, Any]) -> None:
+    print("\nfiles layout on SeaweedFS (ratio = time / raw listing time of the same run)")
+    head = ("objects", "upload s", "list s", "build s", "ratio", "reopen s", "ratio",
+            "validate s", "ratio", "read 256 s")  # fmt: skip
+    print(" ".join(f"{h:>10}" for h in head))
+    for r in results["files"]:
+        ls = r["list_s"]
+        cells = (
+            f"{r['objects']}", f"{r['upload_s']:.2f}", f"{ls:.2f}", f"{r['build_s']:.2f}",
+            f"{r['build_s'] / ls:.2f}", f"{r['reopen_s']:.4f}", f"{r['reopen_s'] / ls:.4f}",
+            f"{r['validate_s']:.2f}", f"{r['validate_s'] / ls:.2f}", f"{r['read_256_s']:.3f}",
+        )  # fmt: skip
+        print(" ".join(f"{c:>10}" for c in cells))
+    t = results["tar"]
+    share = t["bytes_read"] / t["shard_bytes"]
+    print(
+        f"\ntar header scan: {t['shards']} shards, {t['samples']} samples, "
+        f"{_mib(t['shard_bytes'])} of shards: {t['build_s']:.2f} s, {t['requests']} requests, "
+        f"read {_mib(t['bytes_read'])} = {share:.3f} of the bytes"
+    )
+    s = results["synthetic"]
+    table = s["samples"] * ROW_DTYPE.itemsize
+    print(
+        f"\nsaved synthetic index: {s['samples']:,} samples, {_mib(s['disk_bytes'])} on disk "
+        f"({s['bytes_per_sample']:.1f} bytes/sample; limit 32), saved in {s['save_s']:.2f} s"
+    )
+    print(
+        f"  open_index (fresh process, immutable): median {s['open_s_median'] * 1e3:.1f} ms, "
+        f"max {s['open_s_max'] * 1e3:.1f} ms = {s['open_s_max'] / OPEN_LIMIT_S:.3f} of the "
+        f"{OPEN_LIMIT_S:.0f} s limit"
+    )
+    opened = s["rss_open_anon_max"] + s["rss_open_file_max"]
+    print(
+        f"  RSS increase after open: {_mib(opened)} = {opened / table:.4f} of the "
+        f"{_mib(table)} sample table (anonymous {_mib(s['rss_open_anon_max'])}, "
+        f"file-backed {_mib(s['rss_open_file_max'])})"
+    )
+    print(
+        f"  keys+fingerprints+locations of 256 random ids: median "
+        f"{s['batch_s_median'] * 1e3:.2f} ms; RSS increase then: anonymous "
+        f"{_mib(s['rss_batch_anon_max'])}, file-backed (mapped page-cache pages of the index, "
+        f"shared and reclaimable) {_mib(s['rss_batch_file_max'])}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (CI smoke run)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    sizes = (200, 1000) if args.quick else (10_000, 100_000)
+    tar_shape = (2, 50) if args.quick else (20, 1000)
+    synthetic = 100_000 if args.quick else 10_000_000
+    with tempfile.TemporaryDirectory(prefix="fastdata-index-bench-") as tmp:
+        root = Path(tmp)
+        with SeaweedServer(root / "seaweed") as server:
+            results: dict[str, Any] = {
+                "quick": args.quick,
+                "files": [files_part(server, n, root / f"cache-{n}") for n in sizes],
+                "tar": tar_part(server, *tar_shape, root / "cache-tar"),
+            }
+        results["synthetic"] = synthetic_part(synthetic, root / "cache-synthetic")
+    report(results)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
