@@ -83,8 +83,9 @@ def _save(path: Path, array: np.ndarray) -> None:
 
 
 def _load(path: Path) -> np.ndarray:
-    array = np.load(path, mmap_mode="r", allow_pickle=False)
-    return np.asarray(array) if array.size == 0 else array
+    # A plain ndarray view of the map (its base keeps the map alive): indexing a
+    # np.memmap subclass costs a Python-level __getitem__ per call.
+    return np.asarray(np.load(path, mmap_mode="r", allow_pickle=False))
 
 
 class SampleTable:
