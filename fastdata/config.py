@@ -190,6 +190,20 @@ class CacheConfig:
     """Verify each record's checksum when it is read from a cache tier."""
     enabled: bool = True
     """``False`` reads every sample from the store (the LMDB tier is not opened)."""
+    idle_dataset_s: float = 3600.0
+    """A dataset nobody on the node read for this long may be evicted whole when another
+    dataset needs room (the only eviction a full cache does on its own; docs/cache.md)."""
+    page_readahead: Literal["auto", "always", "never"] = "auto"
+    """Ask the kernel for the LMDB pages of a whole batch at once before touching them:
+    ``auto`` does it when a probe finds the batch's pages are not in memory."""
+    write_txn_bytes: int = 64 * 1024**2
+    """Most record bytes written to the LMDB tier in one write transaction."""
+    lmdb_max_readers: int = 1024
+    """LMDB reader slots: open read leases of all processes on the node together (set by
+    the first process that creates the cache files)."""
+    degraded_retry_s: float = 30.0
+    """After the LMDB tier fails (cannot open, disk full), it falls through for this long
+    before trying again."""
 
     def __post_init__(self) -> None:
         _require(
@@ -204,6 +218,26 @@ class CacheConfig:
         _require(
             self.verify in ("always", "never"),
             f"cache verify must be 'always' or 'never', got {self.verify!r}",
+        )
+        _require(
+            self.idle_dataset_s >= 0,
+            f"cache idle_dataset_s must not be negative, got {self.idle_dataset_s}",
+        )
+        _require(
+            self.page_readahead in ("auto", "always", "never"),
+            f"cache page_readahead must be 'auto', 'always' or 'never', got {self.page_readahead!r}",
+        )
+        _require(
+            self.write_txn_bytes >= 64 * 1024,
+            f"cache write_txn_bytes must be at least 64 KiB, got {self.write_txn_bytes}",
+        )
+        _require(
+            1 <= self.lmdb_max_readers <= 65536,
+            f"cache lmdb_max_readers must be in 1..65536, got {self.lmdb_max_readers}",
+        )
+        _require(
+            self.degraded_retry_s >= 0,
+            f"cache degraded_retry_s must not be negative, got {self.degraded_retry_s}",
         )
 
     def resolved_dir(self) -> Path:

@@ -1,0 +1,563 @@
+"""LMDB environment handles: one per cache directory per process, opened lazily.
+
+This module is the only place that opens, resizes, quarantines or closes an LMDB
+environment. :class:`~fastdata.cache.lmdb_tier.LmdbTier` borrows a handle from the
+per-process registry (:func:`acquire`) and gives it back (:func:`release`).
+
+NOTE[lmdb-gate]: LMDB may change the map size only while this process has no
+transaction open (``mdb_env_set_mapsize``), and a forked child may close an inherited
+environment only if no transaction was open at the fork. Every transaction therefore
+holds the handle's :class:`Gate` shared: a lease from ``get_many`` holds it until
+``close()``, a write holds it for the transaction. Resizing (growing the map, adopting
+another process's larger map) and the fork hook take it exclusive, with a timeout, so a
+lease held for a long time delays them but never deadlocks anyone. A thread that already
+holds the gate may take it again without waiting (a read-through call writes back while
+its own read lease is open). Resizes run on a short-lived helper thread that holds no
+lease, so the thread that asked never waits for itself.
+
+NOTE[lmdb-fork]: an environment must never be used across ``fork()``: py-lmdb refuses a
+second open of the same files in one process, and aborting an inherited read
+transaction in the child would release the parent's reader slot in the shared lock file.
+Before a fork we take every gate exclusive (waiting at most ``_FORK_WAIT_S``). If that
+worked, no transaction of ours is open, so the child closes its inherited copy (which
+touches only the child's own mappings and descriptors) and opens its own on first use.
+If it did not, the child abandons the inherited copy untouched (never closes it, never
+aborts its transactions) and its LmdbTier falls through to the store with one warning.
+Release callbacks check the PID, so a lease inherited by a child never touches the
+parent's transaction.
+
+NOTE[lmdb-crash]: nothing here leaves state that can block the next run. The only lock
+we take ourselves is ``flock`` on ``<dir>/lmdb.lock`` while opening, which the kernel
+drops when the process dies. LMDB's writer mutex is a robust POSIX mutex (a killed
+writer's lock is recovered by the next writer) and stale reader slots of killed
+processes are cleared with ``reader_check()`` on every open. No writemap (its disk-full
+failure is SIGBUS), default sync, so a crash loses at most uncommitted writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import shutil
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lmdb
+
+from fastdata.errors import CacheError
+
+__all__ = [
+    "CORRUPT_ERRORS",
+    "EnvHandle",
+    "EnvUnavailable",
+    "Gate",
+    "acquire",
+    "flocked",
+    "prepare_root",
+    "quarantine",
+    "release",
+]
+
+_log = logging.getLogger(__name__)
+
+#: Cache format marker kept in the meta database.
+FORMAT = b"fastdata-lmdb-cache/1"
+_FORMAT_KEY = b"format"
+_FORK_WAIT_S = 1.0
+_RESIZE_WAIT_S = 5.0
+_MIN_MAP_BYTES = 64 * 1024**2
+
+#: py-lmdb errors that mean the files are not a usable LMDB cache: quarantine, rebuild.
+CORRUPT_ERRORS: tuple[type[BaseException], ...] = tuple(
+    getattr(lmdb, name)
+    for name in (
+        "InvalidError",
+        "CorruptedError",
+        "PageNotFoundError",
+        "VersionMismatchError",
+        "BadChecksumError",
+        "IncompatibleError",
+        "PanicError",
+    )
+    if hasattr(lmdb, name)
+)
+
+
+class EnvUnavailable(Exception):
+    """The environment cannot be opened now; the tier falls through and retries later."""
+
+
+class _FormatMismatch(Exception):
+    """The files are an LMDB environment, but not a fastdata cache of this format."""
+
+
+class Gate:
+    """A shared/exclusive gate with reentrant shared holds (NOTE[lmdb-gate])."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._waiting = 0
+        self._local = threading.local()
+
+    def acquire_shared(self) -> list[int]:
+        """Hold shared; returns the token to pass to :meth:`release_shared`."""
+        token: list[int] | None = getattr(self._local, "token", None)
+        if token is None:
+            token = self._local.token = [0]
+        with self._cond:
+            if token[0] == 0:
+                while self._exclusive or self._waiting:
+                    self._cond.wait()
+            token[0] += 1
+            self._shared += 1
+        return token
+
+    def release_shared(self, token: list[int]) -> None:
+        """Drop one shared hold taken with ``token`` (from any thread)."""
+        with self._cond:
+            token[0] -= 1
+            self._shared -= 1
+            if self._shared == 0:
+                self._cond.notify_all()
+
+    def holds_shared(self) -> bool:
+        """Whether the calling thread holds the gate shared."""
+        token = getattr(self._local, "token", None)
+        return bool(token and token[0])
+
+    def acquire_exclusive(self, timeout_s: float) -> bool:
+        """Wait until nobody holds the gate, then hold it alone; ``False`` on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            self._waiting += 1
+            try:
+                while self._exclusive or self._shared:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._cond.wait(left)
+                self._exclusive = True
+                return True
+            finally:
+                self._waiting -= 1
+                self._cond.notify_all()
+
+    def release_exclusive(self) -> None:
+        """Drop the exclusive hold."""
+        with self._cond:
+            self._exclusive = False
+            self._cond.notify_all()
+
+
+@dataclass(eq=False)
+class EnvHandle:
+    """One open environment in this process, shared by every LmdbTier on the directory."""
+
+    root: Path
+    env: Any
+    records: Any
+    meta: Any
+    main: Any
+    data_path: Path
+    inode: tuple[int, int]
+    budget_map_bytes: int
+    psize: int
+    data_fd: int
+    lib_major: int = 0
+    pid: int = field(default_factory=os.getpid)
+    gate: Gate = field(default_factory=Gate)
+    map_size: int = 0
+    map_base: int = 0
+    refs: int = 0
+    closed: bool = False
+    abandoned: bool = False
+    quiesced: bool = False
+    resize_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def is_current(self) -> bool:
+        """Open in this process, and its data file is still the one in the directory."""
+        if self.closed or self.abandoned or self.pid != os.getpid():
+            return False
+        try:
+            st = os.stat(self.data_path)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self.inode
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        """Hold the gate shared for the duration of a transaction."""
+        token = self.gate.acquire_shared()
+        try:
+            yield
+        finally:
+            self.gate.release_shared(token)
+
+    def grow_map(self, wanted_bytes: int, *, wait: bool = True) -> bool:
+        """Grow the map to at least ``wanted_bytes`` (capped at the budget), on a helper thread.
+
+        Args:
+            wanted_bytes: The map size needed.
+            wait: Wait for the resize. Pass ``False`` from a thread that holds the gate
+                (it would wait for itself): the resize then happens once its leases close.
+
+        Returns:
+            ``True`` when the map is now big enough (or at the budget cap).
+        """
+        target = min(max(wanted_bytes, self.map_size * 2), self.budget_map_bytes)
+        return self._resize(target, wait=wait)
+
+    def adopt_map(self, *, wait: bool = True) -> bool:
+        """Adopt a larger map set by another process (``MapResizedError``)."""
+        return self._resize(0, wait=wait)
+
+    def _resize(self, new_size: int, *, wait: bool) -> bool:
+        if new_size and new_size <= self.map_size:
+            return True
+        result: list[bool] = [False]
+
+        def work() -> None:
+            with self.resize_lock:
+                if new_size and new_size <= self.map_size:
+                    result[0] = True
+                    return
+                if self.closed or not self.gate.acquire_exclusive(_RESIZE_WAIT_S):
+                    return
+                try:
+                    self.env.set_mapsize(new_size)
+                    self.map_size = int(self.env.info()["map_size"])
+                    self.map_base = _map_base(self.data_path, self.inode)
+                    result[0] = True
+                except lmdb.Error as exc:
+                    _log.warning("could not resize the LMDB map of %s: %s", self.root, exc)
+                finally:
+                    self.gate.release_exclusive()
+
+        # NOTE[lmdb-gate]: a helper thread holds no lease, so it cannot wait for itself.
+        helper = threading.Thread(target=work, name="fastdata-lmdb-resize", daemon=True)
+        helper.start()
+        if wait:
+            helper.join(_RESIZE_WAIT_S + 1.0)
+        return result[0]
+
+    def close(self, timeout_s: float) -> bool:
+        """Close the environment once no transaction is open; ``False`` if still busy."""
+        if self.closed or self.abandoned or self.pid != os.getpid():
+            return True
+        if not self.gate.acquire_exclusive(timeout_s):
+            return False
+        try:
+            self.env.close()
+            os.close(self.data_fd)
+            self.closed = True
+        finally:
+            self.gate.release_exclusive()
+        return True
+
+
+_REGISTRY_LOCK = threading.Lock()
+_HANDLES: dict[Path, EnvHandle] = {}
+#: Environments inherited over fork that could not be closed safely (NOTE[lmdb-fork]).
+_ABANDONED: list[EnvHandle] = []
+
+
+def acquire(root: Path, *, budget_map_bytes: int, max_readers: int, readahead: bool) -> EnvHandle:
+    """The open handle for ``root`` in this process, opening it if needed.
+
+    Args:
+        root: The cache directory (the environment lives in ``root/lmdb``).
+        budget_map_bytes: Largest map size the caller allows.
+        max_readers: Reader slots (only the first process to create the files sets it).
+        readahead: Let the kernel read ahead on page faults (``False``: MADV_RANDOM).
+
+    Raises:
+        CacheError: The directory (or a file in it) belongs to another user: refused,
+            never degraded.
+        EnvUnavailable: The environment cannot be opened now (read-only or missing
+            directory, no space, unrecoverable files); the caller falls through.
+    """
+    with _REGISTRY_LOCK:
+        handle = _HANDLES.get(root)
+        if handle is not None and not handle.is_current():
+            del _HANDLES[root]
+            if handle.pid == os.getpid() and not handle.abandoned and handle.refs == 0:
+                handle.close(timeout_s=0.0)
+            handle = None
+        if handle is None:
+            for stale in _ABANDONED:
+                if stale.root == root:
+                    raise EnvUnavailable(
+                        f"the LMDB cache in {root} was in use by another thread when this "
+                        "process was forked, so this process cannot open it; reads go to "
+                        "the store. Fork before reading, or use the 'spawn' start method"
+                    )
+            try:
+                handle = _open(root, budget_map_bytes, max_readers, readahead)
+            except (lmdb.Error, OSError) as exc:
+                raise EnvUnavailable(f"cannot open the LMDB cache in {root}: {exc}") from exc
+            _HANDLES[root] = handle
+        handle.refs += 1
+        return handle
+
+
+def release(handle: EnvHandle) -> None:
+    """Give a handle back; the last holder closes it once its transactions are done."""
+    with _REGISTRY_LOCK:
+        handle.refs -= 1
+        if handle.refs > 0:
+            return
+        if _HANDLES.get(handle.root) is handle:
+            del _HANDLES[handle.root]
+    if not handle.close(timeout_s=_RESIZE_WAIT_S):
+        _log.warning(
+            "LMDB cache %s still has open leases; it is closed when the last one closes",
+            handle.root,
+        )
+
+
+def prepare_root(root: Path) -> None:
+    """Create the cache directory private to this user (0700), or check an existing one.
+
+    Raises:
+        CacheError: The directory belongs to another user.
+        OSError: It cannot be created (read-only, or a file in the way): the caller degrades.
+    """
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.stat(root)
+    _check_owner(root, st)
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(root, 0o700)
+        _log.info("tightened cache directory %s to mode 0700", root)
+
+
+def _check_owner(path: Path, st: os.stat_result) -> None:
+    if st.st_uid != os.geteuid():
+        raise CacheError(
+            f"cache path {path} belongs to uid {st.st_uid}, not to this user "
+            f"(uid {os.geteuid()}); refusing to share a cache with another user. Set "
+            "FASTDATA_CACHE_DIR (or CacheConfig.dir) to a directory of your own"
+        )
+
+
+def _check_private(lmdb_dir: Path) -> None:
+    for path in (lmdb_dir, lmdb_dir / "data.mdb", lmdb_dir / "lock.mdb"):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        _check_owner(path, st)
+        wanted = 0o700 if stat.S_ISDIR(st.st_mode) else 0o600
+        if stat.S_IMODE(st.st_mode) != wanted:
+            os.chmod(path, wanted)
+
+
+@contextlib.contextmanager
+def flocked(path: Path) -> Iterator[None]:
+    """Hold ``flock(LOCK_EX)`` on ``path`` (created 0600) for the ``with`` block."""
+    # NOTE[lmdb-crash]: flock is released by the kernel when the holder dies.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _open(root: Path, budget_map_bytes: int, max_readers: int, readahead: bool) -> EnvHandle:
+    prepare_root(root)
+    lmdb_dir = root / "lmdb"
+    with flocked(root / "lmdb.lock"):
+        try:
+            return _open_once(lmdb_dir, budget_map_bytes, max_readers, readahead)
+        except (*CORRUPT_ERRORS, _FormatMismatch) as exc:
+            quarantine(root, reason=f"{type(exc).__name__}: {exc}")
+        except lmdb.Error as exc:
+            if getattr(exc, "code", None) not in (errno.EIO, errno.EISDIR):
+                raise
+            quarantine(root, reason=f"{type(exc).__name__}: {exc}")
+        try:
+            return _open_once(lmdb_dir, budget_map_bytes, max_readers, readahead)
+        except (*CORRUPT_ERRORS, _FormatMismatch) as exc:
+            raise EnvUnavailable(f"cannot rebuild the LMDB cache in {lmdb_dir}: {exc}") from exc
+
+
+def _open_once(
+    lmdb_dir: Path, budget_map_bytes: int, max_readers: int, readahead: bool
+) -> EnvHandle:
+    lmdb_dir.mkdir(mode=0o700, exist_ok=True)
+    _check_private(lmdb_dir)
+    data_path = lmdb_dir / "data.mdb"
+    existing = data_path.stat().st_size if data_path.exists() else 0
+    held = quarantine_bytes(lmdb_dir.parent)
+    if held > budget_map_bytes // 2:
+        # A quarantined copy may not squeeze the live cache below half its budget.
+        shutil.rmtree(lmdb_dir.parent / "quarantine", ignore_errors=True)
+        held = 0
+    budget_map_bytes -= held
+    map_size = min(budget_map_bytes, max(_MIN_MAP_BYTES, 2 * existing))
+    env = lmdb.open(
+        str(lmdb_dir),
+        map_size=map_size,
+        subdir=True,
+        max_dbs=4,
+        max_readers=max_readers,
+        mode=0o600,
+        readahead=readahead,
+        writemap=False,
+        metasync=True,
+        sync=True,
+        lock=True,
+    )
+    try:
+        cleared = env.reader_check()
+        if cleared:
+            _log.info("cleared %d stale LMDB reader slot(s) in %s", cleared, lmdb_dir)
+        records, meta = _open_dbs(env)
+        main = env.open_db(None)
+        st = os.stat(data_path)
+        fd = os.open(data_path, os.O_RDONLY | os.O_CLOEXEC)
+        # This descriptor only reads leaf-node bytes and issues advice
+        # (NOTE[lmdb-readahead]); kernel readahead on it would read pages nobody asked for.
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+    except BaseException:
+        env.close()
+        raise
+    handle = EnvHandle(
+        root=lmdb_dir.parent,
+        env=env,
+        records=records,
+        meta=meta,
+        main=main,
+        data_path=data_path,
+        inode=(st.st_dev, st.st_ino),
+        budget_map_bytes=budget_map_bytes,
+        psize=int(env.stat()["psize"]),
+        data_fd=fd,
+        lib_major=int(env.lib_version()[0]),
+    )
+    handle.map_size = int(env.info()["map_size"])
+    handle.map_base = _map_base(data_path, handle.inode)
+    return handle
+
+
+def _open_dbs(env: Any) -> tuple[Any, Any]:
+    with env.begin() as txn:
+        has_format = txn.get(b"meta") is not None
+    if has_format:
+        records = env.open_db(b"records", create=False)
+        meta = env.open_db(b"meta", create=False)
+        with env.begin(db=meta) as txn:
+            found = txn.get(_FORMAT_KEY)
+        if found != FORMAT:
+            raise _FormatMismatch(f"cache format {found!r}, expected {FORMAT!r}")
+        return records, meta
+    with env.begin(write=True) as txn:
+        if txn.stat(env.open_db(None, txn=txn))["entries"]:
+            raise _FormatMismatch("an LMDB environment that is not a fastdata cache")
+        records = env.open_db(b"records", txn=txn)
+        meta = env.open_db(b"meta", txn=txn)
+        txn.put(_FORMAT_KEY, FORMAT, db=meta)
+    return records, meta
+
+
+def quarantine(root: Path, *, reason: str) -> Path | None:
+    """Move the environment's files aside into ``root/quarantine/<stamp>`` and log why.
+
+    Only the newest quarantined copy is kept (it counts against the byte budget).
+
+    Returns:
+        The quarantine folder, or ``None`` when there was nothing to move.
+    """
+    lmdb_dir = root / "lmdb"
+    names = [n for n in ("data.mdb", "lock.mdb") if (lmdb_dir / n).exists()]
+    if not names:
+        return None
+    base = root / "quarantine"
+    base.mkdir(mode=0o700, exist_ok=True)
+    for old in base.iterdir():
+        shutil.rmtree(old, ignore_errors=True)
+    dest = base / f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    dest.mkdir(mode=0o700)
+    for name in names:
+        (lmdb_dir / name).rename(dest / name)
+    _log.warning(
+        "the LMDB cache in %s was unreadable (%s); moved it to %s and started an empty one",
+        lmdb_dir,
+        reason,
+        dest,
+    )
+    return dest
+
+
+def quarantine_bytes(root: Path) -> int:
+    """Bytes held by quarantined copies under ``root/quarantine``."""
+    total = 0
+    base = root / "quarantine"
+    if base.is_dir():
+        for path in base.rglob("*"):
+            with contextlib.suppress(OSError):
+                if path.is_file():
+                    total += path.stat().st_size
+    return total
+
+
+def _map_base(data_path: Path, inode: tuple[int, int]) -> int:
+    """Address of the mapping of ``data_path`` at file offset 0, from /proc/self/maps."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                parts = line.split(maxsplit=5)
+                if len(parts) < 6 or int(parts[4]) != inode[1] or int(parts[2], 16) != 0:
+                    continue
+                if parts[5].strip() == str(data_path):
+                    return int(parts[0].split("-")[0], 16)
+    except (OSError, ValueError):
+        return 0
+    return 0
+
+
+def _before_fork() -> None:
+    # NOTE[lmdb-fork]
+    _REGISTRY_LOCK.acquire()
+    for handle in _HANDLES.values():
+        handle.quiesced = handle.is_current() and handle.gate.acquire_exclusive(_FORK_WAIT_S)
+
+
+def _after_fork_parent() -> None:
+    for handle in _HANDLES.values():
+        if handle.quiesced:
+            handle.quiesced = False
+            handle.gate.release_exclusive()
+    _REGISTRY_LOCK.release()
+
+
+def _after_fork_child() -> None:
+    global _REGISTRY_LOCK
+    _REGISTRY_LOCK = threading.Lock()
+    for handle in list(_HANDLES.values()):
+        if handle.quiesced:
+            handle.env.close()
+            os.close(handle.data_fd)
+            handle.closed = True
+        else:
+            handle.abandoned = True
+            _ABANDONED.append(handle)
+    _HANDLES.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_parent,
+        after_in_child=_after_fork_child,
+    )

@@ -1,0 +1,191 @@
+"""Batch readahead for the LMDB tier: ask the kernel for a whole batch's pages at once.
+
+NOTE[lmdb-readahead]: py-lmdb touches every page of a value when it hands the value out
+(it pre-faults the pages so that later faults happen without the GIL), one 4 KiB fault
+at a time under ``MADV_RANDOM``. A cold batch is therefore read page by page, value by
+value, one disk round trip each. Before the gets, :func:`value_spans` finds each value's
+file span without touching it: with ``buffers=True`` the cursor's key is a view into the
+leaf page, and in LMDB's on-disk node (format of LMDB 0.9) the 8 bytes after the key
+hold the first overflow page number, the 8 bytes before it the data size and flags. The
+tier then issues ``POSIX_FADV_WILLNEED`` for every span of the batch, so the kernel
+reads them as large requests, all in flight together. A span is only advice: a wrong
+one costs a wasted read, never wrong data (the value still comes from LMDB and is
+verified), and anything that does not look like an overflow node is skipped.
+
+``auto`` mode does this only while the cache is cold: a batch whose gets took a major
+page fault switches it on; batches whose spans are all in the page cache (a
+``mincore`` of each span's last page) switch it off again.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import struct
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal
+
+import numpy as np
+
+__all__ = ["Readahead", "is_resident", "value_spans"]
+
+_NODE = struct.Struct("=HHHH")  # mn_lo, mn_hi (data size), mn_flags, mn_ksize
+_PGNO = struct.Struct("=Q")
+_F_BIGDATA = 0x01
+_PAGE_HEADER_BYTES = 16
+_CALM_BATCHES = 8
+
+
+def _address(view: Any) -> int:
+    return int(np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0])
+
+
+def value_spans(handle: Any, txn: Any, keys: Sequence[bytes]) -> list[tuple[int, int] | None]:
+    """File ``(offset, length)`` of each key's value, or ``None`` when unknown.
+
+    Reads only leaf pages (which the lookup needs anyway), never the values.
+    NOTE[lmdb-readahead].
+    """
+    if not handle.map_base or handle.lib_major != 0:
+        return [None] * len(keys)
+    file_bytes = os.fstat(handle.data_fd).st_size
+    cursor = txn.cursor(db=handle.records)
+    spans: list[tuple[int, int] | None] = []
+    for key in keys:
+        if not cursor.set_key(key):
+            spans.append(None)
+            continue
+        at = _address(cursor.key()) - handle.map_base
+        spans.append(_span_at(handle, at, len(key), file_bytes))
+    return spans
+
+
+def _span_at(handle: Any, key_offset: int, key_len: int, file_bytes: int) -> tuple[int, int] | None:
+    start = key_offset - _NODE.size
+    if start < 0 or key_offset + key_len + _PGNO.size > file_bytes:
+        return None
+    raw = os.pread(handle.data_fd, _NODE.size + key_len + _PGNO.size, start)
+    if len(raw) < _NODE.size + key_len + _PGNO.size:
+        return None
+    lo, hi, flags, ksize = _NODE.unpack_from(raw, 0)
+    if ksize != key_len or not flags & _F_BIGDATA:
+        return None
+    (pgno,) = _PGNO.unpack_from(raw, _NODE.size + key_len)
+    offset = pgno * handle.psize + _PAGE_HEADER_BYTES
+    length = lo | hi << 16
+    if offset + length > file_bytes:
+        return None
+    return offset, length
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_mincore = _libc.mincore
+_mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+_mincore.restype = ctypes.c_int
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def is_resident(handle: Any, offset: int, length: int) -> bool:
+    """Whether the last page of a span is in the page cache (``mincore`` on the LMDB map).
+
+    Unlike a non-blocking read, ``mincore`` starts no I/O. An error counts as resident,
+    so that a probe that cannot answer never causes extra reads.
+    """
+    last = (handle.map_base + offset + length - 1) & ~(_PAGE - 1)
+    vec = ctypes.c_ubyte(0)
+    if _mincore(last, _PAGE, ctypes.byref(vec)) != 0:
+        return True
+    return bool(vec.value & 1)
+
+
+def _major_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_majflt
+
+
+def _advise_part(handle: Any, keys: Sequence[bytes], skip_resident: bool) -> int:
+    # Runs on a pool thread with its own read transaction; the caller holds the gate
+    # shared until every part is done (NOTE[lmdb-gate] in _env.py).
+    with handle.env.begin(db=handle.records, buffers=True) as txn:
+        spans = [s for s in value_spans(handle, txn, keys) if s is not None]
+    if skip_resident:
+        spans = [s for s in spans if not is_resident(handle, s[0], s[1])]
+    for offset, length in spans:
+        os.posix_fadvise(handle.data_fd, offset, length, os.POSIX_FADV_WILLNEED)
+    return len(spans)
+
+
+class Readahead:
+    """Per-tier readahead state: ``auto``, ``always`` or ``never`` (NOTE[lmdb-readahead]).
+
+    The span lookups and ``WILLNEED`` calls of a batch run on ``threads`` pool threads:
+    finding a span touches the value's first page, so one thread would still wait for
+    one disk round trip per value. The pool is created on first use in each process and
+    shut down by :meth:`close`.
+
+    Args:
+        mode: ``CacheConfig.page_readahead``.
+        threads: Pool threads that look up spans and issue the advice.
+    """
+
+    def __init__(self, mode: Literal["auto", "always", "never"], threads: int = 4) -> None:
+        self.mode = mode
+        self.cold = mode == "always"
+        self.threads = threads
+        self._calm = 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_pid = 0
+        self._lock = threading.Lock()
+
+    def before_gets(self, handle: Any, keys: Sequence[bytes]) -> int | None:
+        """Advise the batch's spans when cold; returns a fault count for :meth:`after_gets`."""
+        if self.mode == "never":
+            return None
+        if self.cold:
+            self.advise(handle, keys)
+            return None
+        return _major_faults()
+
+    def after_gets(self, started: int | None) -> None:
+        """Switch to cold mode when the gets took a major page fault."""
+        if started is not None and _major_faults() > started:
+            self.cold = True
+            self._calm = 0
+
+    def advise(self, handle: Any, keys: Sequence[bytes]) -> int:
+        """Issue ``WILLNEED`` for the spans of ``keys`` not in memory; returns how many.
+
+        The caller must hold the handle's gate shared for the duration of the call.
+        """
+        skip_resident = self.mode != "always"
+        parts = [keys[k :: self.threads] for k in range(self.threads) if keys[k :: self.threads]]
+        if len(parts) < 2:
+            advised = _advise_part(handle, keys, skip_resident)
+        else:
+            pool = self._executor()
+            advised = sum(
+                pool.map(_advise_part, [handle] * len(parts), parts, [skip_resident] * len(parts))
+            )
+        if skip_resident:
+            self._calm = 0 if advised else self._calm + 1
+            if self._calm >= _CALM_BATCHES:
+                self.cold = False
+        return advised
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None or self._pool_pid != os.getpid():
+                self._pool = ThreadPoolExecutor(
+                    self.threads, thread_name_prefix="fastdata-readahead"
+                )
+                self._pool_pid = os.getpid()
+            return self._pool
+
+    def close(self) -> None:
+        """Stop the pool threads (they finish the advice in flight)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None and self._pool_pid == os.getpid():
+            pool.shutdown(wait=True)

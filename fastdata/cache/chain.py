@@ -1,0 +1,411 @@
+"""ReadThroughCache: RAM → LMDB → source, with write-back and single-flight fetches.
+
+``get_many(sample_ids)`` returns a lease with a record buffer for every id. Each tier is
+asked for what the tiers above it missed; hits in a lower tier are written up into the
+tiers above; what no tier has is read from the source once, encoded with
+:func:`fastdata.record.to_record`, written into every tier that admits it and returned
+either way. Tiers verify fingerprints and checksums themselves (a bad entry is a miss),
+so wrong bytes never reach the caller.
+
+NOTE[singleflight]: when several threads of one process miss the same key at once, the
+first one fetches it (it "owns" the flight) and the others wait for its result. An owner
+fetches its own keys before it waits for anyone else's, so waits never form a cycle. If
+the owner's fetch fails, each waiter fetches the key itself, so every caller sees its
+own error, with its own traceback.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from fastdata import record
+from fastdata.cache.lmdb_tier import LmdbTier
+from fastdata.cache.ram import RamTier
+from fastdata.cache.tier import CacheItem, LatencyHistogram, Lease, Tier, TierStats
+from fastdata.config import CacheConfig
+from fastdata.errors import ConfigError
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+__all__ = ["CacheStats", "ReadThroughCache", "SampleSource", "default_tiers"]
+
+_log = logging.getLogger(__name__)
+_FLIGHT_WAIT_S = 1.0
+_LIVE: weakref.WeakSet[ReadThroughCache] = weakref.WeakSet()
+
+
+@runtime_checkable
+class SampleSource(Protocol):
+    """A dataset bound to its store: what the cache reads misses from.
+
+    ``fastdata.index.SampleIndex.source(store)`` provides one; tests use small fakes.
+    """
+
+    dataset_id: bytes
+    """8 bytes, the prefix of every key of this dataset."""
+
+    def __len__(self) -> int:
+        """Number of samples."""
+        ...
+
+    def keys(self, sample_ids: Sequence[int]) -> list[bytes]:
+        """16-byte cache keys: ``dataset_id + be_u64(sample_id)``."""
+        ...
+
+    def fingerprints(self, sample_ids: Sequence[int]) -> list[bytes]:
+        """16-byte fingerprints of the source objects (a digest of ETag and size)."""
+        ...
+
+    def read_samples(self, sample_ids: Sequence[int]) -> list[Any]:
+        """The samples (dicts of fields, or raw records), in the order of ``sample_ids``."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    """Counters of a read-through cache, as plain data (``as_dict()`` for JSON)."""
+
+    tiers: tuple[TierStats, ...] = ()
+    """One entry per tier, fastest first."""
+    requests: int = 0
+    """``get_many`` calls."""
+    samples: int = 0
+    """Sample ids requested."""
+    source_reads: int = 0
+    """Calls to ``source.read_samples``."""
+    source_samples: int = 0
+    """Samples read from the source (each missed key once)."""
+    source_bytes: int = 0
+    """Record bytes produced from source samples."""
+    singleflight_waits: int = 0
+    """Keys this process waited for while another thread fetched them."""
+    source_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+    """Latency of ``source.read_samples`` plus encoding."""
+
+    @property
+    def hit_rate(self) -> float:
+        """Fraction of requested samples served by a tier."""
+        return 1.0 - self.source_samples / self.samples if self.samples else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "tiers":
+                value = [t.as_dict() for t in value]
+            elif isinstance(value, LatencyHistogram):
+                value = {"counts": list(value.counts), "total_s": value.total_s}
+            out[f.name] = value
+        return out
+
+
+def default_tiers(config: CacheConfig | None = None) -> list[Tier]:
+    """The standard chain: a RAM tier (unless ``ram_bytes`` is 0), then the LMDB tier.
+
+    Returns an empty list when ``config.enabled`` is false.
+    """
+    config = config or CacheConfig()
+    if not config.enabled:
+        return []
+    tiers: list[Tier] = [RamTier(config)] if config.ram_bytes else []
+    tiers.append(LmdbTier(config))
+    return tiers
+
+
+class _Flight:
+    __slots__ = ("event", "failed", "record")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.record: Any = None
+        self.failed = False
+
+
+class ReadThroughCache:
+    """Tiers in front of a sample source; every id comes back, from a tier or the source.
+
+    The cache owns its tiers: ``close()`` closes them.
+
+    Args:
+        tiers: Tiers, fastest first (see :func:`default_tiers`).
+        source: Where misses are read from.
+        config: Cache settings; with ``enabled=False`` every sample comes from the source.
+
+    Raises:
+        ConfigError: A tier or the source lacks the protocol's members.
+    """
+
+    def __init__(
+        self,
+        tiers: Sequence[Tier],
+        source: SampleSource,
+        *,
+        config: CacheConfig | None = None,
+    ) -> None:
+        for tier in tiers:
+            if not isinstance(tier, Tier):
+                raise ConfigError(f"{tier!r} is not a cache tier (see fastdata.cache.Tier)")
+        if not isinstance(source, SampleSource):
+            raise ConfigError(
+                f"{source!r} is not a SampleSource: it needs dataset_id, __len__, keys, "
+                "fingerprints and read_samples"
+            )
+        dataset_id = source.dataset_id
+        if type(dataset_id) is not bytes or len(dataset_id) != 8:
+            raise ConfigError(f"source.dataset_id must be 8 bytes, got {dataset_id!r}")
+        self.config = config or CacheConfig()
+        self.tiers = list(tiers) if self.config.enabled else []
+        self._given_tiers = list(tiers)
+        self.source = source
+        self._reset()
+        _LIVE.add(self)
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._inflight: dict[bytes, _Flight] = {}
+        self._counts = dict.fromkeys(
+            ("requests", "samples", "source_reads", "source_samples", "source_bytes"), 0
+        )
+        self._counts["singleflight_waits"] = 0
+        self._latency = [0] * (len(LatencyHistogram().counts))
+        self._latency_total = 0.0
+        self._registered_pid = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"tiers": self._given_tiers, "source": self.source, "config": self.config}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["tiers"], state["source"], config=state["config"])  # type: ignore[misc]
+
+    def get_many(self, sample_ids: Sequence[int]) -> Lease:
+        """Record buffers for every id, in order; close the lease when done with them.
+
+        Args:
+            sample_ids: Sample ids (any int sequence or a numpy integer array).
+
+        Returns:
+            A lease whose ``buffers[i]`` is the record of ``sample_ids[i]``.
+
+        Raises:
+            ConfigError: An id is out of range, or the source broke its contract.
+            StoreError, CorruptRecordError: The source could not provide a sample.
+        """
+        ids = self._check_ids(sample_ids)
+        self._register()
+        keys = self.source.keys(ids)
+        fingerprints = self.source.fingerprints(ids)
+        if len(keys) != len(ids) or len(fingerprints) != len(ids):
+            raise ConfigError(
+                f"source returned {len(keys)} keys and {len(fingerprints)} fingerprints "
+                f"for {len(ids)} sample ids"
+            )
+        buffers: list[Any] = [None] * len(ids)
+        leases: list[Lease] = []
+        try:
+            pending = self._read_tiers(keys, fingerprints, buffers, leases)
+            if pending:
+                self._fill_from_source(ids, keys, fingerprints, pending, buffers)
+        except BaseException:
+            for lease in leases:
+                lease.close()
+            raise
+        with self._lock:
+            self._counts["requests"] += 1
+            self._counts["samples"] += len(ids)
+
+        def release() -> None:
+            for lease in leases:
+                lease.close()
+
+        return Lease(buffers, release)
+
+    def _check_ids(self, sample_ids: Sequence[int]) -> list[int]:
+        try:
+            ids = [int(i) for i in sample_ids]
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"sample ids must be integers, got {sample_ids!r}") from exc
+        n = len(self.source)
+        if ids and (min(ids) < 0 or max(ids) >= n):
+            bad = next(i for i in ids if i < 0 or i >= n)
+            raise ConfigError(f"sample id {bad} is outside 0..{n - 1} of this dataset")
+        return ids
+
+    def _register(self) -> None:
+        pid = os.getpid()
+        if self._registered_pid == pid:
+            return
+        self._registered_pid = pid
+        for tier in self.tiers:
+            tier.register_dataset(self.source.dataset_id, num_samples=len(self.source))
+
+    def _read_tiers(
+        self,
+        keys: list[bytes],
+        fingerprints: list[bytes],
+        buffers: list[Any],
+        leases: list[Lease],
+    ) -> list[int]:
+        pending = list(range(len(keys)))
+        for level, tier in enumerate(self.tiers):
+            if not pending:
+                break
+            lease = tier.get_many([keys[i] for i in pending], [fingerprints[i] for i in pending])
+            leases.append(lease)
+            found: list[int] = []
+            still: list[int] = []
+            for i, buf in zip(pending, lease.buffers, strict=True):
+                if buf is None:
+                    still.append(i)
+                else:
+                    buffers[i] = buf
+                    found.append(i)
+            if found and level:
+                items = [CacheItem(keys[i], fingerprints[i], buffers[i]) for i in found]
+                for upper in self.tiers[:level]:
+                    upper.put_many(items)
+            pending = still
+        return pending
+
+    def _fill_from_source(
+        self,
+        ids: list[int],
+        keys: list[bytes],
+        fingerprints: list[bytes],
+        pending: list[int],
+        buffers: list[Any],
+    ) -> None:
+        wanted: dict[bytes, int] = {}
+        for i in pending:
+            wanted.setdefault(keys[i], i)
+        records = self._singleflight(ids, fingerprints, wanted)
+        for i in pending:
+            buffers[i] = records[keys[i]]
+
+    def _singleflight(
+        self, ids: list[int], fingerprints: list[bytes], wanted: dict[bytes, int]
+    ) -> dict[bytes, Buffer]:
+        # NOTE[singleflight]
+        owned: list[bytes] = []
+        waiting: list[tuple[bytes, _Flight]] = []
+        with self._lock:
+            for key in wanted:
+                flight = self._inflight.get(key)
+                if flight is None:
+                    self._inflight[key] = _Flight()
+                    owned.append(key)
+                else:
+                    waiting.append((key, flight))
+        records: dict[bytes, Buffer] = {}
+        if owned:
+            records.update(self._fetch_owned(ids, fingerprints, wanted, owned))
+        retry: list[bytes] = []
+        for key, flight in waiting:
+            while not flight.event.wait(_FLIGHT_WAIT_S):
+                pass
+            if flight.failed:
+                retry.append(key)
+            else:
+                records[key] = flight.record
+        with self._lock:
+            self._counts["singleflight_waits"] += len(waiting)
+        if retry:
+            records.update(self._singleflight(ids, fingerprints, {k: wanted[k] for k in retry}))
+        return records
+
+    def _fetch_owned(
+        self,
+        ids: list[int],
+        fingerprints: list[bytes],
+        wanted: dict[bytes, int],
+        owned: list[bytes],
+    ) -> dict[bytes, Buffer]:
+        started = time.perf_counter()
+        try:
+            records = self._read_records([ids[wanted[k]] for k in owned])
+        except BaseException:
+            self._land(owned, None)
+            raise
+        self._land(owned, records)
+        elapsed = time.perf_counter() - started
+        nbytes = sum(memoryview(r).nbytes for r in records)
+        bucket = bisect.bisect_right(LatencyHistogram().bounds_us, elapsed * 1e6)
+        with self._lock:
+            self._counts["source_reads"] += 1
+            self._counts["source_samples"] += len(owned)
+            self._counts["source_bytes"] += nbytes
+            self._latency[bucket] += 1
+            self._latency_total += elapsed
+        items = [
+            CacheItem(k, fingerprints[wanted[k]], r) for k, r in zip(owned, records, strict=True)
+        ]
+        for tier in self.tiers:
+            tier.put_many(items)
+        return dict(zip(owned, records, strict=True))
+
+    def _read_records(self, sample_ids: list[int]) -> list[Buffer]:
+        samples = self.source.read_samples(sample_ids)
+        if len(samples) != len(sample_ids):
+            raise ConfigError(
+                f"source.read_samples returned {len(samples)} samples for {len(sample_ids)} ids"
+            )
+        return [record.to_record(s) for s in samples]
+
+    def _land(self, owned: list[bytes], records: list[Any] | None) -> None:
+        with self._lock:
+            for j, key in enumerate(owned):
+                flight = self._inflight.pop(key)
+                if records is None:
+                    flight.failed = True
+                else:
+                    flight.record = records[j]
+                flight.event.set()
+
+    def hint(self, sample_ids: Sequence[int]) -> None:
+        """Announce the ids read next, in order; forwarded to every tier as keys."""
+        ids = self._check_ids(sample_ids)
+        if not ids or not self.tiers:
+            return
+        keys = self.source.keys(ids)
+        for tier in self.tiers:
+            tier.hint(keys)
+
+    def stats(self) -> CacheStats:
+        """Per-tier stats plus the source side of this process."""
+        with self._lock:
+            counts = dict(self._counts)
+            latency = LatencyHistogram(tuple(self._latency), self._latency_total)
+        return CacheStats(
+            tiers=tuple(t.stats() for t in self.tiers), source_latency=latency, **counts
+        )
+
+    def close(self) -> None:
+        """Close every tier."""
+        for tier in self._given_tiers:
+            tier.close()
+
+    def __enter__(self) -> ReadThroughCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _reset_after_fork() -> None:
+    # NOTE[singleflight]: a lock or flight held by another thread at fork is gone in the
+    # child; start the child with empty state.
+    for cache in list(_LIVE):
+        cache._reset()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)

@@ -1,0 +1,787 @@
+"""LmdbTier: the node-local tier, one LMDB environment shared by every process on the node.
+
+Entry format (value of key ``dataset_id + be_u64(sample_id)`` in the ``records``
+database; docs/cache.md has the full layout)::
+
+    0   4  magic  b"FDCE"
+    4   1  version (1)
+    5   3  reserved, zero
+    8   8  record length, little-endian u64 (value length - 48)
+    16 16  key (guards against a lookup landing on another entry)
+    32 16  fingerprint of the source object
+    48  -  the record (fastdata record format, with its own crc32c)
+
+With 4 KiB pages an overflow value starts 16 bytes into its first page, so the record
+starts 64 bytes into it: payloads keep their 64-byte alignment inside the map.
+
+Reads hand out memoryviews into the map; the lease keeps the read transaction (and the
+gate, NOTE[lmdb-gate] in ``_env.py``) until ``close()``. Faults never reach the caller:
+the tier counts them, warns once, and falls through to the next tier.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import os
+import struct
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import lmdb
+
+from fastdata import record
+from fastdata.cache import _env
+from fastdata.cache._readahead import Readahead
+from fastdata.cache.policy import DatasetUsage, choose_admitted, idle_victims
+from fastdata.cache.tier import (
+    DATASET_ID_BYTES,
+    KEY_BYTES,
+    CacheItem,
+    DatasetInfo,
+    Lease,
+    StatsRecorder,
+    TierStats,
+    check_keys,
+)
+from fastdata.config import CacheConfig
+from fastdata.errors import ConfigError
+
+__all__ = ["HEADER_BYTES", "LmdbTier", "entry_header"]
+
+_log = logging.getLogger(__name__)
+
+HEADER_BYTES = 48
+"""Bytes in front of each record inside an LMDB value."""
+_MAGIC = b"FDCE\x01\x00\x00\x00"
+_DS_PREFIX = b"ds/"
+_NAME_PREFIX = b"name/"
+_DS_STRUCT = struct.Struct("<QQQd")  # entries, value bytes, num_samples, last access
+_STAMP_EVERY_S = 60.0
+_INODE_CHECK_S = 1.0
+_DELETE_BATCH = 20_000
+_FULL_RETRY_S = 300.0
+_SPLIT_DEPTH = 3
+_LIVE: weakref.WeakSet[LmdbTier] = weakref.WeakSet()
+
+
+def entry_header(key: bytes, fingerprint: bytes, record_nbytes: int) -> bytes:
+    """The 48-byte header stored in front of a record."""
+    return _MAGIC + record_nbytes.to_bytes(8, "little") + key + fingerprint
+
+
+class _Full(Exception):
+    """The write needs a bigger map first."""
+
+    def __init__(self, wanted_bytes: int) -> None:
+        super().__init__(wanted_bytes)
+        self.wanted_bytes = wanted_bytes
+
+
+class LmdbTier:
+    """Node-local tier in ``config.resolved_dir()/lmdb``, bounded by ``config.max_bytes``.
+
+    Opens nothing until first used, and reopens in every new process (fork or spawn).
+
+    Args:
+        config: Cache settings (directory, byte budget, free-space floor, verify, ...).
+        clock: Wall-clock source for dataset access times; tests pass a fake.
+
+    Raises:
+        ConfigError: ``config`` is not a :class:`CacheConfig`.
+        CacheError: The cache directory belongs to another user.
+    """
+
+    name = "lmdb"
+
+    def __init__(
+        self, config: CacheConfig | None = None, *, clock: Callable[[], float] = time.time
+    ) -> None:
+        if config is not None and not isinstance(config, CacheConfig):
+            raise ConfigError(f"LmdbTier config must be a CacheConfig, got {config!r}")
+        self.config = config or CacheConfig()
+        self.root = self.config.resolved_dir()
+        if self.root.exists():
+            _env.prepare_root(self.root)
+        self._clock = clock
+        self._handle: _env.EnvHandle | None = None
+        self._reset()
+        _LIVE.add(self)
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._stats = StatsRecorder()
+        self._retry_at = 0.0
+        self._writes_retry_at = 0.0
+        self._state = "ok"
+        self._warned: set[str] = set()
+        self._next_inode_check = 0.0
+        self._stamped: dict[bytes, float] = {}
+        self._active: dict[bytes, float] = {}
+        self._full_mark: tuple[int, float] | None = None
+        self._readahead = Readahead(self.config.page_readahead)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"config": self.config}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["config"])  # type: ignore[misc]
+
+    # -- handle and degradation ---------------------------------------------------------
+
+    def _get_handle(self) -> _env.EnvHandle | None:
+        handle = self._handle
+        now = time.monotonic()
+        if handle is not None and handle.pid == os.getpid() and not handle.closed:
+            if now < self._next_inode_check:
+                return handle
+            self._next_inode_check = now + _INODE_CHECK_S
+            if handle.is_current():
+                return handle
+        with self._lock:
+            if self._handle is not handle:
+                return self._handle
+            if now < self._retry_at:
+                return None
+            self._handle = None
+            if handle is not None and handle.pid == os.getpid():
+                _env.release(handle)
+            lock_bytes = 64 * max(self.config.lmdb_max_readers, 126) + 8192
+            budget = (self.config.max_bytes - lock_bytes) // 4096 * 4096
+            try:
+                handle = _env.acquire(
+                    self.root,
+                    budget_map_bytes=budget,
+                    max_readers=self.config.lmdb_max_readers,
+                    readahead=False,
+                )
+            except _env.EnvUnavailable as exc:
+                self._degrade("open", str(exc))
+                return None
+            self._handle = handle
+            self._state = "ok"
+            return handle
+
+    def _degrade(self, kind: str, reason: str) -> None:
+        self._retry_at = time.monotonic() + self.config.degraded_retry_s
+        self._state = f"degraded: {reason}"
+        self._warn_once(
+            kind,
+            "LMDB cache %s unavailable (%s); reads fall through to the next tier and the "
+            "store, retrying in %.0f s (see stats().fall_throughs)",
+            self.root,
+            reason,
+            self.config.degraded_retry_s,
+        )
+
+    def _pause_writes(self, reason: str) -> None:
+        self._writes_retry_at = time.monotonic() + self.config.degraded_retry_s
+        self._warn_once(
+            "write",
+            "LMDB cache %s cannot store records (%s); serving what it holds and not "
+            "admitting new records for %.0f s (see stats().rejections)",
+            self.root,
+            reason,
+            self.config.degraded_retry_s,
+        )
+
+    def _warn_once(self, kind: str, message: str, *args: object) -> None:
+        if kind in self._warned:
+            _log.debug(message, *args)
+        else:
+            self._warned.add(kind)
+            _log.warning(message, *args)
+
+    def _structural_fault(self, handle: _env.EnvHandle, exc: BaseException) -> None:
+        if isinstance(exc, _env.CORRUPT_ERRORS):
+            with _env.flocked(self.root / "lmdb.lock"):
+                if handle.is_current():
+                    _env.quarantine(self.root, reason=f"{type(exc).__name__}: {exc}")
+            self._next_inode_check = 0.0
+            self._warn_once("corrupt-file", "LMDB cache %s was corrupt: %s", self.root, exc)
+            return
+        self._degrade("read", f"{type(exc).__name__}: {exc}")
+
+    # -- reads --------------------------------------------------------------------------
+
+    def get_many(self, keys: Sequence[bytes], fingerprints: Sequence[bytes]) -> Lease:
+        """Look up keys; the lease holds the read transaction until ``close()``.
+
+        A miss, a stale entry (other fingerprint) and a corrupt entry (bad header or
+        checksum; it is deleted) are ``None``. If the cache cannot be read, every key
+        is ``None`` and counted as a fall-through.
+
+        Raises:
+            ConfigError: Keys and fingerprints differ in number or are not 16 bytes.
+        """
+        started = time.perf_counter()
+        check_keys(keys, fingerprints)
+        handle = self._get_handle()
+        if handle is not None:
+            self._stamp(handle, keys)
+            lease = self._read(handle, keys, fingerprints, started)
+            if lease is not None:
+                return lease
+        n = len(keys)
+        self._stats.record_call("get", started, misses=n, fall_throughs=n)
+        return Lease([None] * n)
+
+    def _read(
+        self,
+        handle: _env.EnvHandle,
+        keys: Sequence[bytes],
+        fingerprints: Sequence[bytes],
+        started: float,
+    ) -> Lease | None:
+        for attempt in (0, 1):
+            token = handle.gate.acquire_shared()
+            try:
+                txn = handle.env.begin(db=handle.records, buffers=True)
+            except (lmdb.MapResizedError, lmdb.ReadersFullError) as exc:
+                handle.gate.release_shared(token)
+                if attempt or not self._recover_begin(handle, exc):
+                    return None
+                continue
+            except lmdb.Error as exc:
+                handle.gate.release_shared(token)
+                self._degrade("read", f"{type(exc).__name__}: {exc}")
+                return None
+            try:
+                buffers, stale, bad = self._lookup(handle, txn, keys, fingerprints)
+            except lmdb.Error as exc:
+                txn.abort()
+                handle.gate.release_shared(token)
+                self._structural_fault(handle, exc)
+                return None
+            break
+        if bad:
+            self._drop_corrupt(handle, [keys[i] for i in bad])
+        hits = [b for b in buffers if b is not None]
+        self._stats.record_call(
+            "get",
+            started,
+            hits=len(hits),
+            misses=len(keys) - len(hits),
+            stale=stale,
+            corruptions=len(bad),
+            bytes_read=sum(len(b) for b in hits),
+        )
+        return Lease(buffers, _releaser(handle, txn, token))
+
+    def _recover_begin(self, handle: _env.EnvHandle, exc: BaseException) -> bool:
+        if isinstance(exc, lmdb.MapResizedError):
+            return handle.adopt_map()
+        return handle.env.reader_check() > 0
+
+    def _lookup(
+        self,
+        handle: _env.EnvHandle,
+        txn: Any,
+        keys: Sequence[bytes],
+        fingerprints: Sequence[bytes],
+    ) -> tuple[list[Any], int, list[int]]:
+        # NOTE[lmdb-readahead]: when cold, ask for every value's pages before the gets.
+        faults = self._readahead.before_gets(handle, keys)
+        views = list(map(txn.get, keys))
+        self._readahead.after_gets(faults)
+        buffers: list[Any] = [None] * len(keys)
+        stale = 0
+        bad: list[int] = []
+        for i, view in enumerate(views):
+            if view is None:
+                continue
+            n = len(view) - HEADER_BYTES
+            if n >= 0 and view[:HEADER_BYTES] == entry_header(keys[i], fingerprints[i], n):
+                buffers[i] = view[HEADER_BYTES:]
+            elif n >= 0 and view[:32] == _MAGIC + n.to_bytes(8, "little") + keys[i]:
+                stale += 1
+            else:
+                bad.append(i)
+        if self.config.verify == "always":
+            found = [i for i, b in enumerate(buffers) if b is not None]
+            for j in record.verify_many([buffers[i] for i in found]):
+                buffers[found[j]] = None
+                bad.append(found[j])
+        return buffers, stale, bad
+
+    def _drop_corrupt(self, handle: _env.EnvHandle, keys: list[bytes]) -> None:
+        self._warn_once(
+            "corrupt",
+            "LMDB cache entry %s in %s failed its header or checksum check; dropped it "
+            "and refetching (further ones are counted in stats().corruptions)",
+            keys[0].hex(),
+            self.root,
+        )
+        try:
+            with handle.shared(), handle.env.begin(write=True, buffers=True) as txn:
+                for key in keys:
+                    value = txn.get(key, db=handle.records)
+                    if value is not None and not self._entry_ok(key, value):
+                        self._delete(handle, txn, key, len(value))
+        except lmdb.Error as exc:
+            self._pause_writes(f"{type(exc).__name__}: {exc}")
+
+    def _entry_ok(self, key: bytes, value: Any) -> bool:
+        n = len(value) - HEADER_BYTES
+        if n < 0 or value[:32] != _MAGIC + n.to_bytes(8, "little") + key:
+            return False
+        return not record.verify_many([value[HEADER_BYTES:]])
+
+    def hint(self, upcoming_keys: Sequence[bytes]) -> None:
+        """Start reading the pages of upcoming keys into the page cache (cold cache only).
+
+        The hinted datasets also count as active, so they are never evicted as idle.
+        NOTE[lmdb-readahead].
+        """
+        if self.config.page_readahead == "never" or not upcoming_keys:
+            return
+        handle = self._get_handle()
+        if handle is None:
+            return
+        now = self._clock()
+        for dataset_id in {k[:DATASET_ID_BYTES] for k in upcoming_keys}:
+            self._active[dataset_id] = now
+        if not self._readahead.cold:
+            return
+        try:
+            with handle.shared():
+                self._readahead.advise(handle, [bytes(k) for k in upcoming_keys])
+        except lmdb.Error as exc:
+            _log.debug("hint on %s skipped: %s", self.root, exc)
+
+    # -- writes -------------------------------------------------------------------------
+
+    def put_many(self, items: Sequence[CacheItem]) -> int:
+        """Admit records while there is room, in write transactions of bounded size.
+
+        Returns:
+            How many items are now resident (new, replaced or already present).
+        """
+        started = time.perf_counter()
+        if not all(isinstance(it, CacheItem) for it in items):
+            raise ConfigError("LmdbTier.put_many takes a sequence of CacheItem")
+        unique = list({it.key: it for it in items}.values())
+        handle = self._get_handle()
+        admitted = written = 0
+        if handle is not None and time.monotonic() >= self._writes_retry_at:
+            for chunk in _chunks(unique, self.config.write_txn_bytes):
+                done, nbytes = self._put_chunk(handle, chunk)
+                admitted += done
+                written += nbytes
+        self._stats.record_call(
+            "put", started, rejections=len(unique) - admitted, bytes_written=written
+        )
+        return admitted
+
+    def _put_chunk(self, handle: _env.EnvHandle, chunk: list[CacheItem]) -> tuple[int, int]:
+        done, written, rejected = self._write(handle, chunk, grow=True)
+        if rejected and self._evict_idle(handle, rejected):
+            more, more_bytes, _ = self._write(handle, rejected, grow=False)
+            done, written = done + more, written + more_bytes
+        return done, written
+
+    def _write(
+        self, handle: _env.EnvHandle, chunk: list[CacheItem], *, grow: bool, depth: int = 0
+    ) -> tuple[int, int, list[CacheItem]]:
+        """One admission pass in one write transaction; returns (done, bytes, rejected).
+
+        The page estimate of ``_room`` can be optimistic (LMDB reuses freed pages only
+        two commits later), so a ``MAP_FULL`` at the budget retries the halves a few
+        levels deep before the tier marks itself full.
+        """
+        waitable = not handle.gate.holds_shared()
+        for attempt in range(3):
+            try:
+                with handle.shared(), handle.env.begin(write=True, buffers=True) as txn:
+                    return self._admit(handle, txn, chunk, grow=grow and attempt < 2)
+            except _Full as full:
+                # NOTE[lmdb-gate]: a thread holding a lease cannot wait for the resize;
+                # it admits what fits now and the map grows once its leases close.
+                grow = handle.grow_map(full.wanted_bytes, wait=waitable)
+            except lmdb.MapFullError:
+                if handle.map_size < handle.budget_map_bytes and handle.grow_map(
+                    handle.map_size * 2, wait=waitable
+                ):
+                    continue
+                if len(chunk) < 2 or depth >= _SPLIT_DEPTH:
+                    self._mark_full(handle)
+                    return 0, 0, chunk
+                # A smaller write copies fewer leaf pages: try the halves.
+                mid = len(chunk) // 2
+                a = self._write(handle, chunk[:mid], grow=False, depth=depth + 1)
+                b = self._write(handle, chunk[mid:], grow=False, depth=depth + 1)
+                return a[0] + b[0], a[1] + b[1], a[2] + b[2]
+            except lmdb.MapResizedError:
+                if not handle.adopt_map(wait=waitable):
+                    return 0, 0, chunk
+            except lmdb.Error as exc:
+                self._pause_writes(f"{type(exc).__name__}: {exc}")
+                return 0, 0, chunk
+        return 0, 0, chunk
+
+    def _admit(
+        self, handle: _env.EnvHandle, txn: Any, chunk: list[CacheItem], *, grow: bool
+    ) -> tuple[int, int, list[CacheItem]]:
+        todo: list[tuple[CacheItem, int, int]] = []
+        already = 0
+        for item in chunk:
+            old = txn.get(item.key, db=handle.records)
+            nbytes = memoryview(item.record).nbytes
+            if old is not None and old[:HEADER_BYTES] == entry_header(
+                item.key, item.fingerprint, nbytes
+            ):
+                already += 1
+                continue
+            old_len = len(old) if old is not None else -1
+            todo.append((item, nbytes, old_len))
+        if not todo:
+            return already, 0, []
+        psize = handle.psize
+        costs = [
+            _cost(nbytes + HEADER_BYTES, psize) - (_cost(old, psize) if old >= 0 else 0)
+            for _, nbytes, old in todo
+        ]
+        in_use, room, tree_pages = self._room(handle, txn)
+        wanted = in_use + sum(c for c in costs if c > 0) + (handle.map_size - in_use - room)
+        if grow and wanted > handle.map_size and handle.map_size < handle.budget_map_bytes:
+            raise _Full(wanted)
+        # Each record may copy one more leaf page, until every leaf is copied.
+        flags = choose_admitted(costs, room, extra_bytes=psize, extra_limit=tree_pages)
+        written = 0
+        per_dataset: dict[bytes, list[int]] = {}
+        for (item, nbytes, old), ok in zip(todo, flags, strict=True):
+            if not ok:
+                continue
+            value = b"".join((entry_header(item.key, item.fingerprint, nbytes), item.record))
+            txn.put(item.key, value, db=handle.records)
+            delta = per_dataset.setdefault(item.key[:DATASET_ID_BYTES], [0, 0])
+            delta[0] += old < 0
+            delta[1] += len(value) - max(old, 0)
+            written += nbytes
+        self._update_meta(handle, txn, per_dataset)
+        rejected = [item for (item, _, _), ok in zip(todo, flags, strict=True) if not ok]
+        return already + len(todo) - len(rejected), written, rejected
+
+    def _room(self, handle: _env.EnvHandle, txn: Any) -> tuple[int, int, int]:
+        """Bytes in use, bytes a write may still add, and leaf/branch pages of the records.
+
+        LMDB copies every page it changes (up to one leaf per record plus the branch
+        path; the caller charges those per record) and a page freed by commit N is
+        reused only from commit N + 2 on, so a fixed reserve stays free. The estimate
+        can still be short of what the file needs; a ``MAP_FULL`` at the budget then
+        marks the tier full (``_full_mark``) and it admits only into space freed since,
+        until the mark expires.
+        """
+        psize = handle.psize
+        in_use, tree_pages = _pages_in_use(handle, txn)
+        in_use *= psize
+        reserve = 20 * psize + handle.budget_map_bytes // 100
+        room = min(handle.map_size, handle.budget_map_bytes) - in_use - reserve
+        mark = self._full_mark
+        if mark is not None:
+            if time.monotonic() - mark[1] < _FULL_RETRY_S:
+                room = min(room, mark[0] - in_use)
+            else:
+                self._full_mark = None
+        return in_use, min(room, self._disk_room(handle, in_use)), tree_pages
+
+    def _mark_full(self, handle: _env.EnvHandle) -> None:
+        try:
+            with handle.shared(), handle.env.begin() as txn:
+                in_use = _pages_in_use(handle, txn)[0] * handle.psize
+        except lmdb.Error:
+            return
+        self._full_mark = (in_use, time.monotonic())
+        _log.info("LMDB cache %s is full at %d bytes in use; admitting no more", self.root, in_use)
+
+    def _disk_room(self, handle: _env.EnvHandle, in_use: int) -> int:
+        try:
+            vfs = os.statvfs(handle.data_path)
+            file_bytes = os.fstat(handle.data_fd).st_size
+        except OSError:
+            return 0
+        free = vfs.f_bavail * vfs.f_frsize
+        return free - self.config.min_free_bytes + max(0, file_bytes - in_use)
+
+    def _update_meta(
+        self, handle: _env.EnvHandle, txn: Any, per_dataset: dict[bytes, list[int]]
+    ) -> None:
+        now = self._clock()
+        for dataset_id, (entries, nbytes) in per_dataset.items():
+            key = _DS_PREFIX + dataset_id
+            old = txn.get(key, db=handle.meta)
+            e, b, n, _ = _DS_STRUCT.unpack(old) if old is not None else (0, 0, 0, 0.0)
+            txn.put(
+                key,
+                _DS_STRUCT.pack(max(0, e + entries), max(0, b + nbytes), n, now),
+                db=handle.meta,
+            )
+
+    def _evict_idle(self, handle: _env.EnvHandle, rejected: list[CacheItem]) -> bool:
+        active = {it.key[:DATASET_ID_BYTES] for it in rejected}
+        now = self._clock()
+        active.update(d for d, t in self._active.items() if now - t <= self.config.idle_dataset_s)
+        usage = [DatasetUsage(d.dataset_id, d.bytes_used, d.last_access_s) for d in self.datasets()]
+        need = sum(
+            _cost(memoryview(it.record).nbytes + HEADER_BYTES, handle.psize) for it in rejected
+        )
+        victims = idle_victims(
+            usage, need_bytes=need, now_s=now, idle_s=self.config.idle_dataset_s, active=active
+        )
+        for dataset_id in victims:
+            removed = self._delete_prefix(handle, dataset_id)
+            _log.info("LMDB cache evicted idle dataset %s (%d entries)", dataset_id.hex(), removed)
+        return bool(victims)
+
+    def _delete(self, handle: _env.EnvHandle, txn: Any, key: bytes, value_len: int) -> None:
+        txn.delete(key, db=handle.records)
+        self._update_meta(handle, txn, {key[:DATASET_ID_BYTES]: [-1, -value_len]})
+
+    def _delete_prefix(self, handle: _env.EnvHandle, dataset_id: bytes) -> int:
+        """Delete every key of one dataset, in bounded transactions; returns entries removed.
+
+        Deleting copies leaf pages too, so on a full map a big batch can hit
+        ``MAP_FULL``; the batch then shrinks tenfold and the delete goes on.
+        """
+        removed = 0
+        batch = _DELETE_BATCH
+        while batch:
+            try:
+                n = self._delete_batch(handle, dataset_id, batch)
+            except lmdb.MapFullError:
+                batch //= 10
+                continue
+            removed += n
+            if n < batch:
+                break
+        # LMDB hands out pages freed by transaction N only from transaction N + 2 on;
+        # one more (tiny) commit makes the freed space usable by the next write.
+        with handle.shared(), handle.env.begin(write=True) as txn:
+            self._update_meta(handle, txn, {dataset_id: [0, 0]})
+        self._full_mark = None
+        self._stats.add(evictions=removed)
+        return removed
+
+    def _delete_batch(self, handle: _env.EnvHandle, dataset_id: bytes, batch: int) -> int:
+        n = nbytes = 0
+        with handle.shared(), handle.env.begin(write=True, buffers=True) as txn:
+            cursor = txn.cursor(db=handle.records)
+            if cursor.set_range(dataset_id):
+                while n < batch and bytes(cursor.key()[:DATASET_ID_BYTES]) == dataset_id:
+                    nbytes += len(cursor.value())
+                    n += 1
+                    if not cursor.delete():
+                        break
+            self._update_meta(handle, txn, {dataset_id: [-n, -nbytes]})
+        return n
+
+    def evict(self, keys: Sequence[bytes]) -> int:
+        """Delete keys; returns how many were present (0 when the cache is unavailable)."""
+        handle = self._get_handle()
+        if handle is None:
+            return 0
+        removed = 0
+        try:
+            with handle.shared(), handle.env.begin(write=True, buffers=True) as txn:
+                for key in keys:
+                    value = txn.get(bytes(key), db=handle.records)
+                    if value is not None:
+                        self._delete(handle, txn, bytes(key), len(value))
+                        removed += 1
+        except lmdb.Error as exc:
+            self._pause_writes(f"{type(exc).__name__}: {exc}")
+            return 0
+        self._stats.add(evictions=removed)
+        return removed
+
+    def _stamp(self, handle: _env.EnvHandle, keys: Sequence[bytes]) -> None:
+        """Record (at most once a minute per dataset) that this process reads a dataset."""
+        now = self._clock()
+        seen = {k[:DATASET_ID_BYTES] for k in keys}
+        for d in seen:
+            self._active[d] = now
+        due = [d for d in seen if now - self._stamped.get(d, -1e18) > _STAMP_EVERY_S]
+        if not due or time.monotonic() < self._writes_retry_at:
+            return
+        for d in due:
+            self._stamped[d] = now
+        try:
+            with handle.shared(), handle.env.begin(write=True) as txn:
+                self._update_meta(handle, txn, {d: [0, 0] for d in due})
+        except lmdb.Error as exc:
+            self._pause_writes(f"{type(exc).__name__}: {exc}")
+
+    # -- datasets, stats, lifecycle -------------------------------------------------------
+
+    def register_dataset(self, dataset_id: bytes, *, num_samples: int, name: str = "") -> None:
+        """Store a dataset's sample count and label in the cache's metadata."""
+        if type(dataset_id) is not bytes or len(dataset_id) != DATASET_ID_BYTES:
+            raise ConfigError(f"dataset_id must be {DATASET_ID_BYTES} bytes, got {dataset_id!r}")
+        try:
+            num_samples = operator.index(num_samples)
+        except TypeError as exc:
+            raise ConfigError(f"num_samples must be an int, got {num_samples!r}") from exc
+        if num_samples < 0:
+            raise ConfigError(f"num_samples must not be negative, got {num_samples}")
+        handle = self._get_handle()
+        if handle is None:
+            return
+        key = _DS_PREFIX + dataset_id
+        try:
+            with handle.shared(), handle.env.begin(write=True) as txn:
+                old = txn.get(key, db=handle.meta)
+                e, b, n, t = _DS_STRUCT.unpack(old) if old is not None else (0, 0, 0, self._clock())
+                if n != num_samples or old is None:
+                    txn.put(key, _DS_STRUCT.pack(e, b, num_samples, t), db=handle.meta)
+                if name:
+                    txn.put(_NAME_PREFIX + dataset_id, name.encode("utf-8"), db=handle.meta)
+        except lmdb.Error as exc:
+            self._pause_writes(f"{type(exc).__name__}: {exc}")
+
+    def datasets(self) -> list[DatasetInfo]:
+        """Every dataset the cache knows (node-wide), with entries and bytes cached."""
+        handle = self._get_handle()
+        if handle is None:
+            return []
+        out: list[DatasetInfo] = []
+        try:
+            with handle.shared(), handle.env.begin(db=handle.meta) as txn:
+                cursor = txn.cursor()
+                cursor.set_range(_DS_PREFIX)
+                for key, value in cursor:
+                    if not key.startswith(_DS_PREFIX):
+                        break
+                    dataset_id = key[len(_DS_PREFIX) :]
+                    e, b, n, t = _DS_STRUCT.unpack(value)
+                    name = txn.get(_NAME_PREFIX + dataset_id) or b""
+                    out.append(DatasetInfo(dataset_id, e, b, n, name.decode("utf-8", "replace"), t))
+        except lmdb.Error as exc:
+            self._degrade("read", f"{type(exc).__name__}: {exc}")
+            return []
+        return out
+
+    def clear(self, dataset_id: bytes | None = None) -> int:
+        """Delete one dataset's entries (a key-range delete), or every entry.
+
+        Other processes reading at the same time see misses, never errors: LMDB
+        readers keep their snapshot until their transaction ends.
+
+        Returns:
+            Entries removed.
+        """
+        if dataset_id is not None and (
+            type(dataset_id) is not bytes or len(dataset_id) != DATASET_ID_BYTES
+        ):
+            raise ConfigError(f"dataset_id must be {DATASET_ID_BYTES} bytes, got {dataset_id!r}")
+        handle = self._get_handle()
+        if handle is None:
+            return 0
+        ids = [dataset_id] if dataset_id is not None else [d.dataset_id for d in self.datasets()]
+        removed = sum(self._delete_prefix(handle, d) for d in ids)
+        if dataset_id is None:
+            with handle.shared(), handle.env.begin(write=True) as txn:
+                removed += txn.stat(handle.records)["entries"]
+                txn.drop(handle.records, delete=False)
+        return removed
+
+    def stats(self) -> TierStats:
+        """This process's counters plus the node-wide entries and pages in use."""
+        entries = used = 0
+        handle = self._handle
+        if handle is not None and handle.is_current():
+            try:
+                with handle.shared(), handle.env.begin() as txn:
+                    entries = txn.stat(handle.records)["entries"]
+                    used = _pages_in_use(handle, txn)[0] * handle.psize
+            except lmdb.Error as exc:
+                _log.debug("stats of %s incomplete: %s", self.root, exc)
+        return self._stats.snapshot(
+            name=self.name,
+            entries=entries,
+            bytes_used=used,
+            capacity_bytes=self.config.max_bytes,
+            state=self._state,
+        )
+
+    def disk_bytes(self) -> int:
+        """Bytes the cache's files occupy on disk now (LMDB files and quarantine)."""
+        total = _env.quarantine_bytes(self.root)
+        for name in ("data.mdb", "lock.mdb"):
+            path = self.root / "lmdb" / name
+            if path.exists():
+                total += path.stat().st_size
+        return total
+
+    def close(self) -> None:
+        """Give the environment back; it closes once every lease is closed."""
+        with self._lock:
+            handle, self._handle = self._handle, None
+        self._readahead.close()
+        if handle is not None and handle.pid == os.getpid():
+            _env.release(handle)
+
+    def __enter__(self) -> LmdbTier:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _releaser(handle: _env.EnvHandle, txn: Any, token: list[int]) -> Callable[[], None]:
+    def release() -> None:
+        # NOTE[lmdb-fork]: a lease inherited by a child must not touch the parent's txn.
+        if os.getpid() != handle.pid:
+            return
+        try:
+            txn.abort()
+        finally:
+            handle.gate.release_shared(token)
+
+    return release
+
+
+def _cost(value_len: int, psize: int) -> int:
+    """Bytes of map one value occupies: whole overflow pages, or a share of a leaf page."""
+    node = KEY_BYTES + 8 + value_len
+    if node > psize // 2:
+        return -(-(value_len + 16) // psize) * psize + 64
+    # Leaves split half full and fill up to ~70% under random inserts.
+    return (node + 2) * 3 // 2
+
+
+def _pages_in_use(handle: _env.EnvHandle, txn: Any) -> tuple[int, int]:
+    """Pages holding data (all databases, meta pages) and the records tree's own pages."""
+    pages = 2  # the two meta pages
+    tree = 0
+    for db in (handle.records, handle.meta, handle.main):
+        st = txn.stat(db)
+        pages += st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
+        if db is handle.records:
+            tree = st["branch_pages"] + st["leaf_pages"]
+    return pages, tree
+
+
+def _chunks(items: list[CacheItem], max_bytes: int) -> list[list[CacheItem]]:
+    chunks: list[list[CacheItem]] = [[]]
+    size = 0
+    for item in items:
+        nbytes = memoryview(item.record).nbytes
+        if chunks[-1] and size + nbytes > max_bytes:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(item)
+        size += nbytes
+    return [c for c in chunks if c]
+
+
+def _reset_after_fork() -> None:
+    # NOTE[lmdb-fork]: locks held by other threads at fork stay held in the child.
+    for tier in list(_LIVE):
+        tier._reset()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)

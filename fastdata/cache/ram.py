@@ -1,0 +1,356 @@
+"""RamTier: a bytes-bounded, thread-safe, in-process tier.
+
+Entries are immutable ``bytes`` objects in one dict. A lease hands out those objects
+themselves, so a buffer stays valid even if the entry is evicted while the lease is
+open, and closing a RAM lease releases nothing.
+
+The tier follows the admission rule of :mod:`fastdata.cache.policy`: admit while there
+is room; once full, evict only whole idle datasets, or resident keys outside the hinted
+window to make room for keys inside it. Never LRU churn.
+
+NOTE[ram-fork]: a lock held by another thread at ``fork()`` stays locked in the child
+forever, and a half-finished update would leave the accounting wrong. Every RamTier is
+therefore emptied in a forked child (new lock, new counters); the child refills it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from fastdata import record
+from fastdata.cache.policy import DatasetUsage, choose_admitted, idle_victims, window_victims
+from fastdata.cache.tier import (
+    DATASET_ID_BYTES,
+    CacheItem,
+    DatasetInfo,
+    Lease,
+    StatsRecorder,
+    TierStats,
+    check_keys,
+)
+from fastdata.config import CacheConfig
+from fastdata.errors import ConfigError
+
+__all__ = ["RamTier"]
+
+_log = logging.getLogger(__name__)
+
+#: Bytes charged per entry on top of the record: key and fingerprint objects, the tuple,
+#: the record object header and the dict slot.
+ENTRY_OVERHEAD_BYTES = 256
+#: Most keys a hint window keeps.
+_MAX_HINT_KEYS = 1 << 17
+
+_LIVE: weakref.WeakSet[RamTier] = weakref.WeakSet()
+
+
+class RamTier:
+    """An in-process tier bounded by ``config.ram_bytes`` (records plus per-entry overhead).
+
+    Args:
+        config: Cache settings; ``ram_bytes`` is the budget, ``verify`` says whether reads
+            check record checksums, ``idle_dataset_s`` when a whole dataset may go.
+        clock: Wall-clock source (``time.time``); tests pass a fake.
+
+    Raises:
+        ConfigError: ``config`` is not a :class:`CacheConfig`.
+    """
+
+    name = "ram"
+
+    def __init__(
+        self, config: CacheConfig | None = None, *, clock: Callable[[], float] = time.time
+    ) -> None:
+        if config is not None and not isinstance(config, CacheConfig):
+            raise ConfigError(f"RamTier config must be a CacheConfig, got {config!r}")
+        self.config = config or CacheConfig()
+        self._clock = clock
+        self._reset()
+        _LIVE.add(self)
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._stats = StatsRecorder()
+        self._entries: dict[bytes, tuple[bytes, bytes]] = {}
+        self._used = 0
+        # dataset id -> [bytes used, last access (wall clock)]
+        self._usage: dict[bytes, list[float]] = {}
+        self._registered: dict[bytes, tuple[int, str]] = {}
+        # Announced upcoming keys, oldest first; a key leaves when it is read.
+        self._window: dict[bytes, None] = {}
+        self._warned_corrupt = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"config": self.config}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["config"])  # type: ignore[misc]
+
+    @property
+    def capacity_bytes(self) -> int:
+        """The byte budget."""
+        return self.config.ram_bytes
+
+    def get_many(self, keys: Sequence[bytes], fingerprints: Sequence[bytes]) -> Lease:
+        """Look up keys; a miss, a stale entry or a corrupt entry is ``None``.
+
+        Raises:
+            ConfigError: Keys and fingerprints differ in number or are not 16 bytes.
+        """
+        started = time.perf_counter()
+        check_keys(keys, fingerprints)
+        buffers: list[Any] = [None] * len(keys)
+        stale = 0
+        entries = self._entries
+        with self._lock:
+            for i, key in enumerate(keys):
+                entry = entries.get(key)
+                if entry is None:
+                    continue
+                if entry[0] == fingerprints[i]:
+                    buffers[i] = entry[1]
+                else:
+                    stale += 1
+            self._touch({key[:DATASET_ID_BYTES] for key in keys})
+            if self._window:
+                for key in keys:
+                    self._window.pop(key, None)
+        corrupt = self._drop_corrupt(keys, buffers) if self.config.verify == "always" else 0
+        hits = sum(1 for b in buffers if b is not None)
+        self._stats.record_call(
+            "get",
+            started,
+            hits=hits,
+            misses=len(keys) - hits,
+            stale=stale,
+            corruptions=corrupt,
+            bytes_read=sum(len(b) for b in buffers if b is not None),
+        )
+        return Lease(buffers)
+
+    def _drop_corrupt(self, keys: Sequence[bytes], buffers: list[Any]) -> int:
+        found = [i for i, b in enumerate(buffers) if b is not None]
+        if not found:
+            return 0
+        bad = record.verify_many([buffers[i] for i in found])
+        for j in bad:
+            i = found[j]
+            buffers[i] = None
+            self.evict([keys[i]])
+            if not self._warned_corrupt:
+                self._warned_corrupt = True
+                _log.warning(
+                    "RAM cache entry %s failed its checksum; dropped it and will refetch "
+                    "(further corruptions are counted in stats().corruptions)",
+                    keys[i].hex(),
+                )
+        return len(bad)
+
+    def _touch(self, dataset_ids: set[bytes]) -> None:
+        now = self._clock()
+        for dataset_id in dataset_ids:
+            usage = self._usage.get(dataset_id)
+            if usage is not None:
+                usage[1] = now
+
+    def put_many(self, items: Sequence[CacheItem]) -> int:
+        """Admit records while there is room (see :mod:`fastdata.cache.policy`).
+
+        Returns:
+            How many items are now resident (new, replaced or already present).
+        """
+        started = time.perf_counter()
+        offered = [it for it in items if isinstance(it, CacheItem)]
+        if len(offered) != len(items):
+            raise ConfigError("RamTier.put_many takes a sequence of CacheItem")
+        with self._lock:
+            admitted, written = self._admit(offered)
+        self._stats.record_call(
+            "put", started, rejections=len(items) - admitted, bytes_written=written
+        )
+        return admitted
+
+    def _admit(self, items: list[CacheItem]) -> tuple[int, int]:
+        already = 0
+        todo: list[CacheItem] = []
+        deltas: list[int] = []
+        for item in items:
+            old = self._entries.get(item.key)
+            if old is not None and old[0] == item.fingerprint:
+                already += 1
+                continue
+            old_cost = _cost(len(old[1])) if old is not None else 0
+            todo.append(item)
+            deltas.append(_cost(memoryview(item.record).nbytes) - old_cost)
+        flags = choose_admitted(deltas, self.capacity_bytes - self._used)
+        rejected = [i for i, ok in enumerate(flags) if not ok]
+        if rejected:
+            flags = self._make_room(todo, deltas, flags, rejected)
+        written = 0
+        for item, delta, ok in zip(todo, deltas, flags, strict=True):
+            if ok:
+                data = item.record if type(item.record) is bytes else bytes(item.record)
+                self._store(item.key, item.fingerprint, data, delta)
+                written += len(data)
+        return already + sum(flags), written
+
+    def _make_room(
+        self, todo: list[CacheItem], deltas: list[int], flags: list[bool], rejected: list[int]
+    ) -> list[bool]:
+        need = sum(deltas[i] for i in rejected)
+        now = self._clock()
+        active = {item.key[:DATASET_ID_BYTES] for item in todo}
+        usage = [DatasetUsage(d, int(u[0]), u[1]) for d, u in self._usage.items()]
+        for dataset_id in idle_victims(
+            usage, need_bytes=need, now_s=now, idle_s=self.config.idle_dataset_s, active=active
+        ):
+            self._evict_dataset(dataset_id)
+        wanted = [i for i in rejected if todo[i].key in self._window]
+        if wanted:
+            victims = window_victims(iter(self._entries), self._window, len(wanted))
+            self._evict_keys(victims)
+        room = (
+            self.capacity_bytes
+            - self._used
+            - sum(d for d, ok in zip(deltas, flags, strict=True) if ok)
+        )
+        again = choose_admitted([deltas[i] for i in rejected], room)
+        for i, ok in zip(rejected, again, strict=True):
+            flags[i] = ok
+        return flags
+
+    def _store(self, key: bytes, fingerprint: bytes, data: bytes, delta: int) -> None:
+        dataset_id = key[:DATASET_ID_BYTES]
+        self._entries[key] = (fingerprint, data)
+        self._used += delta
+        usage = self._usage.setdefault(dataset_id, [0, self._clock()])
+        usage[0] += delta
+
+    def _evict_keys(self, keys: Sequence[bytes]) -> int:
+        removed = 0
+        for key in keys:
+            entry = self._entries.pop(key, None)
+            if entry is None:
+                continue
+            cost = _cost(len(entry[1]))
+            self._used -= cost
+            self._usage[key[:DATASET_ID_BYTES]][0] -= cost
+            removed += 1
+        self._stats.add(evictions=removed)
+        return removed
+
+    def _evict_dataset(self, dataset_id: bytes) -> int:
+        doomed = [k for k in self._entries if k[:DATASET_ID_BYTES] == dataset_id]
+        removed = self._evict_keys(doomed)
+        self._usage.pop(dataset_id, None)
+        _log.info("RAM tier evicted idle dataset %s (%d entries)", dataset_id.hex(), removed)
+        return removed
+
+    def evict(self, keys: Sequence[bytes]) -> int:
+        """Remove keys; returns how many were present."""
+        with self._lock:
+            return self._evict_keys(list(keys))
+
+    def hint(self, upcoming_keys: Sequence[bytes]) -> None:
+        """Announce keys that will be read soon, in order.
+
+        Announced keys are never evicted for others, and a full tier may swap a resident
+        key that is not announced for an offered key that is. A key leaves the window
+        when it is read; the window keeps at most the last 131,072 announced keys.
+        """
+        with self._lock:
+            window = self._window
+            for key in upcoming_keys:
+                window.pop(key, None)
+                window[bytes(key)] = None
+            excess = len(window) - _MAX_HINT_KEYS
+            if excess > 0:
+                for key in list(itertools.islice(window, excess)):
+                    del window[key]
+
+    def register_dataset(self, dataset_id: bytes, *, num_samples: int, name: str = "") -> None:
+        """Remember a dataset's sample count and label for :meth:`datasets`."""
+        _check_dataset_id(dataset_id)
+        if num_samples < 0:
+            raise ConfigError(f"num_samples must not be negative, got {num_samples}")
+        with self._lock:
+            self._registered[dataset_id] = (num_samples, name)
+
+    def datasets(self) -> list[DatasetInfo]:
+        """Per-dataset entries and bytes held in this process's RAM tier."""
+        with self._lock:
+            counts: dict[bytes, int] = {}
+            for key in self._entries:
+                counts[key[:DATASET_ID_BYTES]] = counts.get(key[:DATASET_ID_BYTES], 0) + 1
+            ids = set(counts) | set(self._registered)
+            return [
+                DatasetInfo(
+                    dataset_id=d,
+                    entries=counts.get(d, 0),
+                    bytes_used=int(self._usage.get(d, [0, 0.0])[0]),
+                    num_samples=self._registered.get(d, (0, ""))[0],
+                    name=self._registered.get(d, (0, ""))[1],
+                    last_access_s=self._usage.get(d, [0, 0.0])[1],
+                )
+                for d in sorted(ids)
+            ]
+
+    def clear(self, dataset_id: bytes | None = None) -> int:
+        """Drop one dataset's entries, or all; returns entries removed."""
+        with self._lock:
+            if dataset_id is None:
+                removed = len(self._entries)
+                self._entries.clear()
+                self._usage.clear()
+                self._used = 0
+                self._stats.add(evictions=removed)
+                return removed
+            _check_dataset_id(dataset_id)
+            return self._evict_dataset(dataset_id)
+
+    def stats(self) -> TierStats:
+        """Counters of this process plus current entries and bytes."""
+        with self._lock:
+            entries, used = len(self._entries), self._used
+        return self._stats.snapshot(
+            name=self.name, entries=entries, bytes_used=used, capacity_bytes=self.capacity_bytes
+        )
+
+    def close(self) -> None:
+        """Drop every entry."""
+        with self._lock:
+            self._entries.clear()
+            self._usage.clear()
+            self._used = 0
+
+    def __enter__(self) -> RamTier:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _cost(nbytes: int) -> int:
+    return nbytes + ENTRY_OVERHEAD_BYTES
+
+
+def _check_dataset_id(dataset_id: bytes) -> None:
+    if type(dataset_id) is not bytes or len(dataset_id) != DATASET_ID_BYTES:
+        raise ConfigError(f"dataset_id must be {DATASET_ID_BYTES} bytes, got {dataset_id!r}")
+
+
+def _reset_after_fork() -> None:
+    # NOTE[ram-fork]
+    for tier in list(_LIVE):
+        tier._reset()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)

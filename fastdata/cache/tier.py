@@ -1,0 +1,362 @@
+"""The tier protocol shared by every cache tier, and the plain data it hands out.
+
+A tier maps 16-byte keys to cached records. Each entry also stores the 16-byte
+fingerprint of the source object the record came from; a lookup passes the fingerprint
+it expects, and an entry whose fingerprint differs is a miss (counted as ``stale``),
+never data. A miss is ``None`` in ``Lease.buffers``, not an exception.
+
+Keys are ``dataset_id (8 bytes) + big-endian u64 sample id``, so every key of one
+dataset shares its first 8 bytes and a range over that prefix covers the dataset.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from fastdata.errors import ConfigError
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+__all__ = [
+    "DATASET_ID_BYTES",
+    "FINGERPRINT_BYTES",
+    "KEY_BYTES",
+    "CacheItem",
+    "DatasetInfo",
+    "LatencyHistogram",
+    "Lease",
+    "Tier",
+    "TierStats",
+    "check_keys",
+    "make_key",
+]
+
+KEY_BYTES = 16
+"""Length of a cache key: 8-byte dataset id + big-endian u64 sample id."""
+DATASET_ID_BYTES = 8
+"""Length of the dataset id that prefixes every key."""
+FINGERPRINT_BYTES = 16
+"""Length of a source fingerprint (a digest of the source object's ETag and size)."""
+
+#: Upper bounds (microseconds) of the latency buckets: 1 us, 2 us, 4 us ... ~67 s.
+_BUCKET_BOUNDS_US = tuple(1 << i for i in range(27))
+
+
+def make_key(dataset_id: bytes, sample_id: int) -> bytes:
+    """The cache key of one sample: ``dataset_id + sample_id.to_bytes(8, "big")``.
+
+    Raises:
+        ConfigError: The dataset id is not 8 bytes or the sample id is not a u64.
+    """
+    if not isinstance(dataset_id, bytes) or len(dataset_id) != DATASET_ID_BYTES:
+        raise ConfigError(f"dataset_id must be {DATASET_ID_BYTES} bytes, got {dataset_id!r}")
+    if not 0 <= sample_id < 1 << 64:
+        raise ConfigError(f"sample id {sample_id} is outside 0..2**64-1")
+    return dataset_id + sample_id.to_bytes(8, "big")
+
+
+def check_keys(keys: Sequence[bytes], fingerprints: Sequence[bytes]) -> None:
+    """Validate a ``get_many`` request: equal lengths, 16-byte keys and fingerprints.
+
+    Raises:
+        ConfigError: A length differs or a key or fingerprint is not 16 bytes.
+    """
+    if len(keys) != len(fingerprints):
+        raise ConfigError(
+            f"get_many got {len(keys)} keys but {len(fingerprints)} fingerprints; "
+            "pass one fingerprint per key"
+        )
+    for key, fingerprint in zip(keys, fingerprints, strict=True):
+        if type(key) is not bytes or len(key) != KEY_BYTES:
+            raise ConfigError(f"cache key must be {KEY_BYTES} bytes, got {key!r}")
+        if type(fingerprint) is not bytes or len(fingerprint) != FINGERPRINT_BYTES:
+            raise ConfigError(
+                f"fingerprint of key {key.hex()} must be {FINGERPRINT_BYTES} bytes, "
+                f"got {fingerprint!r}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class CacheItem:
+    """One record to store: its key, the fingerprint of its source object, its bytes."""
+
+    key: bytes
+    """16-byte cache key."""
+    fingerprint: bytes
+    """16-byte fingerprint of the source object the record was read from."""
+    record: Buffer
+    """The record in fastdata's record format (bytes, memoryview or any buffer)."""
+
+    def __post_init__(self) -> None:
+        if type(self.key) is not bytes or len(self.key) != KEY_BYTES:
+            raise ConfigError(f"CacheItem key must be {KEY_BYTES} bytes, got {self.key!r}")
+        if type(self.fingerprint) is not bytes or len(self.fingerprint) != FINGERPRINT_BYTES:
+            raise ConfigError(
+                f"CacheItem fingerprint for key {self.key.hex()} must be "
+                f"{FINGERPRINT_BYTES} bytes, got {self.fingerprint!r}"
+            )
+        try:
+            memoryview(self.record)
+        except TypeError as exc:
+            raise ConfigError(
+                f"CacheItem record for key {self.key.hex()} must support the buffer "
+                f"protocol, got {type(self.record).__name__}"
+            ) from exc
+
+
+class Lease:
+    """Record buffers (or ``None`` for a miss) that stay valid until :meth:`close`.
+
+    Use it as a context manager. A buffer may view memory the tier owns (the LMDB map),
+    so copy what you need before closing; after ``close`` the buffers list is emptied.
+
+    Args:
+        buffers: One entry per requested key.
+        release: Called once by :meth:`close`; ``None`` when nothing must be released.
+    """
+
+    __slots__ = ("_release", "buffers")
+
+    def __init__(
+        self, buffers: list[Buffer | None], release: Callable[[], None] | None = None
+    ) -> None:
+        self.buffers = buffers
+        self._release = release
+
+    @property
+    def is_open(self) -> bool:
+        """``True`` until :meth:`close` has run."""
+        return self.buffers is not None
+
+    def close(self) -> None:
+        """Release the buffers; idempotent."""
+        release, self._release = self._release, None
+        self.buffers = None  # type: ignore[assignment]
+        if release is not None:
+            release()
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # Safety net only: a lease dropped without close() must not keep an LMDB
+        # reader slot (and the process gate) forever. NOTE[lmdb-gate] in _env.py.
+        if getattr(self, "_release", None) is not None:
+            self.close()
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyHistogram:
+    """Call latencies in power-of-two microsecond buckets.
+
+    ``counts[i]`` counts calls that took less than ``bounds_us[i]`` microseconds and at
+    least ``bounds_us[i - 1]``; the last count is everything slower than the last bound.
+    """
+
+    counts: tuple[int, ...] = (0,) * (len(_BUCKET_BOUNDS_US) + 1)
+    """Calls per bucket."""
+    total_s: float = 0.0
+    """Sum of all latencies in seconds."""
+    bounds_us: tuple[int, ...] = _BUCKET_BOUNDS_US
+    """Exclusive upper bound of each bucket, in microseconds."""
+
+    @property
+    def count(self) -> int:
+        """Number of calls recorded."""
+        return sum(self.counts)
+
+    def quantile(self, q: float) -> float:
+        """Upper bound in seconds of the bucket that holds quantile ``q`` (0..1)."""
+        if not 0.0 <= q <= 1.0:
+            raise ConfigError(f"quantile must be in 0..1, got {q}")
+        total = self.count
+        if total == 0:
+            return 0.0
+        target = q * total
+        running = 0
+        for i, n in enumerate(self.counts):
+            running += n
+            if running >= target and n:
+                bound = self.bounds_us[min(i, len(self.bounds_us) - 1)]
+                return bound / 1e6
+        return self.bounds_us[-1] / 1e6
+
+
+@dataclass(frozen=True, slots=True)
+class TierStats:
+    """Counters of one tier, as plain data (``as_dict()`` for JSON and the CLI).
+
+    Event counters (hits, misses, ...) count what this process saw since the tier was
+    created. ``entries``, ``bytes_used`` and ``capacity_bytes`` describe the tier's
+    contents; for the LMDB tier they are node-wide (every process shares the files).
+    """
+
+    name: str = ""
+    """Which tier: ``ram`` or ``lmdb``."""
+    hits: int = 0
+    """Keys found with the expected fingerprint and a valid checksum."""
+    misses: int = 0
+    """Keys not found, stale, corrupt or not looked up (fall-through); every non-hit."""
+    stale: int = 0
+    """Keys found with a different fingerprint (the source object changed)."""
+    corruptions: int = 0
+    """Entries whose header or checksum failed; each was dropped."""
+    rejections: int = 0
+    """Records offered to ``put_many`` and not admitted (policy, budget or fault)."""
+    evictions: int = 0
+    """Entries removed to make room, by ``evict`` or ``clear``."""
+    fall_throughs: int = 0
+    """Keys passed on unread because the tier could not be used (fault, degraded)."""
+    bytes_read: int = 0
+    """Record bytes returned by hits."""
+    bytes_written: int = 0
+    """Record bytes admitted by ``put_many``."""
+    entries: int = 0
+    """Entries in the tier now."""
+    bytes_used: int = 0
+    """Bytes the tier occupies now (LMDB: pages in use; RAM: records plus overhead)."""
+    capacity_bytes: int = 0
+    """The byte budget."""
+    get_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+    """Latency of ``get_many`` calls."""
+    put_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+    """Latency of ``put_many`` calls."""
+    state: str = "ok"
+    """``ok``, or ``degraded: <reason>`` while the tier falls through."""
+
+    @property
+    def hit_rate(self) -> float:
+        """Hits over lookups (0.0 when nothing was looked up)."""
+        lookups = self.hits + self.misses
+        return self.hits / lookups if lookups else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; histograms become dicts of their fields."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, LatencyHistogram):
+                value = {"counts": list(value.counts), "total_s": value.total_s}
+            out[f.name] = value
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetInfo:
+    """What a tier holds of one dataset."""
+
+    dataset_id: bytes
+    """The 8-byte dataset id (the key prefix)."""
+    entries: int
+    """Cached samples."""
+    bytes_used: int
+    """Record bytes cached (headers included for LMDB)."""
+    num_samples: int = 0
+    """Samples in the dataset as registered, 0 when unknown."""
+    name: str = ""
+    """A label given at registration (e.g. the source URL), may be empty."""
+    last_access_s: float = 0.0
+    """Wall-clock time (``time.time()``) of the last recorded access, 0 when unknown."""
+
+    @property
+    def cached_fraction(self) -> float:
+        """Entries over registered samples (0.0 when the sample count is unknown)."""
+        return self.entries / self.num_samples if self.num_samples else 0.0
+
+
+@runtime_checkable
+class Tier(Protocol):
+    """One cache tier. Every method takes many keys at once; a miss is ``None``."""
+
+    name: str
+
+    def get_many(self, keys: Sequence[bytes], fingerprints: Sequence[bytes]) -> Lease:
+        """Look up keys; ``lease.buffers[i]`` is the record of ``keys[i]`` or ``None``."""
+        ...
+
+    def put_many(self, items: Sequence[CacheItem]) -> int:
+        """Offer records; returns how many were admitted (the rest are ``rejections``)."""
+        ...
+
+    def evict(self, keys: Sequence[bytes]) -> int:
+        """Remove keys; returns how many were present."""
+        ...
+
+    def hint(self, upcoming_keys: Sequence[bytes]) -> None:
+        """Keys expected to be read soon, in order (readahead, eviction protection)."""
+        ...
+
+    def register_dataset(self, dataset_id: bytes, *, num_samples: int, name: str = "") -> None:
+        """Record a dataset's sample count (and a label) for :meth:`datasets`."""
+        ...
+
+    def datasets(self) -> list[DatasetInfo]:
+        """What the tier holds, per dataset."""
+        ...
+
+    def clear(self, dataset_id: bytes | None = None) -> int:
+        """Remove one dataset's entries, or everything; returns entries removed."""
+        ...
+
+    def stats(self) -> TierStats:
+        """Counters and contents, as plain data."""
+        ...
+
+    def close(self) -> None:
+        """Release handles; the tier may not be used afterwards."""
+        ...
+
+
+class StatsRecorder:
+    """Thread-safe event counters and latency histograms behind a tier's ``stats()``."""
+
+    _COUNTERS = (
+        "hits",
+        "misses",
+        "stale",
+        "corruptions",
+        "rejections",
+        "evictions",
+        "fall_throughs",
+        "bytes_read",
+        "bytes_written",
+    )
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(self._COUNTERS, 0)
+        self._hist = {kind: [0] * (len(_BUCKET_BOUNDS_US) + 1) for kind in ("get", "put")}
+        self._total_s = {"get": 0.0, "put": 0.0}
+
+    def add(self, **deltas: int) -> None:
+        """Add to counters by name (``hits=3, bytes_read=4096``)."""
+        with self._lock:
+            for name, delta in deltas.items():
+                self._counts[name] += delta
+
+    def record_call(self, kind: str, started: float, **deltas: int) -> None:
+        """Add counters and the latency of a call that began at ``started`` (perf_counter)."""
+        elapsed = time.perf_counter() - started
+        bucket = bisect.bisect_right(_BUCKET_BOUNDS_US, elapsed * 1e6)
+        with self._lock:
+            for name, delta in deltas.items():
+                self._counts[name] += delta
+            self._hist[kind][bucket] += 1
+            self._total_s[kind] += elapsed
+
+    def snapshot(self, **contents: Any) -> TierStats:
+        """The counters plus ``contents`` (entries, bytes_used, ...) as :class:`TierStats`."""
+        with self._lock:
+            counts = dict(self._counts)
+            get = LatencyHistogram(tuple(self._hist["get"]), self._total_s["get"])
+            put = LatencyHistogram(tuple(self._hist["put"]), self._total_s["put"])
+        return TierStats(**counts, get_latency=get, put_latency=put, **contents)

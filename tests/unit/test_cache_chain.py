@@ -1,0 +1,314 @@
+"""ReadThroughCache over in-memory fake sources: RAM -> LMDB -> source."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fastdata.cache import (
+    CacheStats,
+    LmdbTier,
+    RamTier,
+    ReadThroughCache,
+    SampleSource,
+    default_tiers,
+    make_key,
+)
+from fastdata.cache.ram import ENTRY_OVERHEAD_BYTES
+from fastdata.config import CacheConfig
+from fastdata.errors import ConfigError, StoreError
+from tests.contracts.tier_contract import DATASET, FakeSource, make_record
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> CacheConfig:
+    return CacheConfig(
+        dir=str(tmp_path / "cache"), max_bytes=64 * 1024**2, ram_bytes=8 * 1024**2, min_free_bytes=0
+    )
+
+
+def records(cache: ReadThroughCache, ids: list[int]) -> list[bytes]:
+    with cache.get_many(ids) as lease:
+        return [bytes(b) for b in lease.buffers]
+
+
+def test_fake_source_is_a_sample_source() -> None:
+    assert isinstance(FakeSource(3), SampleSource)
+
+
+def test_every_id_comes_back_in_order_with_duplicates(config: CacheConfig) -> None:
+    source = FakeSource(100)
+    with ReadThroughCache(default_tiers(config), source, config=config) as cache:
+        ids = [5, 3, 5, 99, 0]
+        assert records(cache, ids) == [source.expected(i) for i in ids]
+        assert sorted(source.samples_read) == [0, 3, 5, 99]
+
+
+def test_misses_are_fetched_once_then_served_by_the_tiers(config: CacheConfig) -> None:
+    source = FakeSource(100)
+    with ReadThroughCache(default_tiers(config), source, config=config) as cache:
+        records(cache, list(range(50)))
+        assert source.reads == 1
+        assert records(cache, list(range(50))) == [source.expected(i) for i in range(50)]
+        assert source.reads == 1
+        stats = cache.stats()
+        assert isinstance(stats, CacheStats)
+        assert (stats.samples, stats.source_samples) == (100, 50)
+        assert stats.hit_rate == pytest.approx(0.5)
+        ram, lmdb_stats = stats.tiers
+        assert (ram.name, ram.hits) == ("ram", 50)
+        assert lmdb_stats.entries == 50
+
+
+def test_lmdb_hit_is_written_up_into_ram(config: CacheConfig) -> None:
+    source = FakeSource(20)
+    lmdb_tier = LmdbTier(config)
+    with ReadThroughCache([lmdb_tier], source, config=config) as warm:
+        records(warm, list(range(20)))
+    ram = RamTier(config)
+    with ReadThroughCache([ram, LmdbTier(config)], source, config=config) as cache:
+        assert records(cache, list(range(20))) == [source.expected(i) for i in range(20)]
+        assert source.reads == 1
+        assert ram.stats().entries == 20
+        records(cache, list(range(20)))
+        assert ram.stats().hits == 20
+
+
+def test_samples_not_admitted_still_reach_the_caller(tmp_path: Path) -> None:
+    config = CacheConfig(
+        dir=str(tmp_path / "c"), max_bytes=1024**2, ram_bytes=4096, min_free_bytes=0
+    )
+    source = FakeSource(300, size=20_000)
+    with ReadThroughCache(default_tiers(config), source, config=config) as cache:
+        got = records(cache, list(range(300)))
+        assert got == [source.expected(i) for i in range(300)]
+        assert all(t.rejections > 0 for t in cache.stats().tiers)
+
+
+def test_changed_source_object_is_a_stale_miss_and_refetched(config: CacheConfig) -> None:
+    source = FakeSource(10)
+    with ReadThroughCache(default_tiers(config), source, config=config) as cache:
+        records(cache, list(range(10)))
+        source.versions[4] = 1
+        assert records(cache, [4]) == [source.expected(4)]
+        assert source.expected(4) != make_record(4, 0)
+        assert cache.stats().tiers[0].stale == 1
+        records(cache, [4])
+        assert source.samples_read.count(4) == 2
+
+
+def test_corrupt_lmdb_entry_is_dropped_counted_logged_and_refetched(
+    config: CacheConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    source = FakeSource(10)
+    lmdb_tier = LmdbTier(config)
+    with ReadThroughCache([lmdb_tier], source, config=config) as cache:
+        records(cache, list(range(10)))
+        handle = lmdb_tier._get_handle()
+        assert handle is not None
+        key = make_key(DATASET, 3)
+        with handle.env.begin(write=True, db=handle.records) as txn:
+            value = bytearray(txn.get(key))
+            value[-3] ^= 0x55
+            txn.put(key, bytes(value))
+        with caplog.at_level(logging.WARNING):
+            assert records(cache, [3, 4]) == [source.expected(3), source.expected(4)]
+        assert lmdb_tier.stats().corruptions == 1
+        assert "failed its header or checksum" in caplog.text
+        assert source.samples_read.count(3) == 2
+        assert records(cache, [3]) == [source.expected(3)]
+        assert lmdb_tier.stats().corruptions == 1
+
+
+def test_concurrent_misses_for_the_same_key_fetch_once(config: CacheConfig) -> None:
+    source = FakeSource(64)
+    source.gate = threading.Event()
+    results: list[list[bytes]] = []
+    with ReadThroughCache([RamTier(config)], source, config=config) as cache:
+        threads = [
+            threading.Thread(target=lambda: results.append(records(cache, list(range(32)))))
+            for _ in range(6)
+        ]
+        for t in threads:
+            t.start()
+        while sum(1 for _ in cache._inflight) < 32:
+            threading.Event().wait(0.01)
+        threading.Event().wait(0.1)
+        source.gate.set()
+        for t in threads:
+            t.join(30)
+        assert len(results) == 6
+        assert all(r == [source.expected(i) for i in range(32)] for r in results)
+        assert sorted(source.samples_read) == list(range(32))
+        assert cache.stats().singleflight_waits == 5 * 32
+
+
+def test_failed_owner_fetch_lets_each_waiter_fetch_for_itself(config: CacheConfig) -> None:
+    source = FakeSource(8)
+    source.gate = threading.Event()
+    source.fail_next = StoreError("transient failure for the first reader")
+    outcomes: list[object] = []
+
+    def read() -> None:
+        try:
+            outcomes.append(records(cache, [1, 2]))
+        except StoreError as exc:
+            outcomes.append(exc)
+
+    with ReadThroughCache([RamTier(config)], source, config=config) as cache:
+        threads = [threading.Thread(target=read) for _ in range(3)]
+        for t in threads:
+            t.start()
+        while len(cache._inflight) < 2:
+            threading.Event().wait(0.01)
+        threading.Event().wait(0.1)
+        source.gate.set()
+        for t in threads:
+            t.join(30)
+    errors = [o for o in outcomes if isinstance(o, StoreError)]
+    assert len(errors) == 1
+    assert outcomes.count([source.expected(1), source.expected(2)]) == 2
+
+
+@pytest.mark.parametrize("ids", [[-1], [10], ["x"], [1.5, None]])
+def test_bad_sample_ids_raise_config_error(config: CacheConfig, ids: list[object]) -> None:
+    with (
+        ReadThroughCache([RamTier(config)], FakeSource(10), config=config) as cache,
+        pytest.raises(ConfigError),
+    ):
+        cache.get_many(ids)  # type: ignore[arg-type]
+
+
+def test_numpy_ids_are_accepted(config: CacheConfig) -> None:
+    source = FakeSource(10)
+    with ReadThroughCache([RamTier(config)], source, config=config) as cache:
+        assert records(cache, np.array([2, 7], dtype=np.int64)) == [
+            source.expected(2),
+            source.expected(7),
+        ]  # type: ignore[arg-type]
+
+
+def test_constructor_rejects_non_tiers_and_non_sources(config: CacheConfig) -> None:
+    with pytest.raises(ConfigError, match="not a cache tier"):
+        ReadThroughCache([object()], FakeSource(1), config=config)  # type: ignore[list-item]
+    with pytest.raises(ConfigError, match="not a SampleSource"):
+        ReadThroughCache([], object(), config=config)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="8 bytes"):
+        ReadThroughCache([], FakeSource(1, dataset_id=b"x"), config=config)
+
+
+def test_a_source_returning_too_few_samples_is_an_error(config: CacheConfig) -> None:
+    class Short(FakeSource):
+        def read_samples(self, sample_ids):  # type: ignore[no-untyped-def]
+            return super().read_samples(sample_ids)[:-1]
+
+    with ReadThroughCache([RamTier(config)], Short(5), config=config) as cache:
+        with pytest.raises(ConfigError, match="returned 1 samples for 2 ids"):
+            cache.get_many([1, 2])
+        # The failed flight is gone: the next call fetches again instead of waiting.
+        with pytest.raises(ConfigError):
+            cache.get_many([1, 2])
+
+
+def test_disabled_cache_reads_everything_from_the_source(config: CacheConfig) -> None:
+    off = dataclasses.replace(config, enabled=False)
+    source = FakeSource(10)
+    assert default_tiers(off) == []
+    with ReadThroughCache([RamTier(config)], source, config=off) as cache:
+        records(cache, [1, 2])
+        records(cache, [1, 2])
+    assert source.samples_read == [1, 2, 1, 2]
+
+
+def test_hint_is_forwarded_to_every_tier_as_keys(config: CacheConfig) -> None:
+    seen: list[list[bytes]] = []
+
+    class Recording(RamTier):
+        def hint(self, upcoming_keys):  # type: ignore[no-untyped-def]
+            seen.append(list(upcoming_keys))
+
+    with ReadThroughCache([Recording(config)], FakeSource(10), config=config) as cache:
+        cache.hint([3, 1])
+    assert seen == [[make_key(DATASET, 3), make_key(DATASET, 1)]]
+
+
+def test_dataset_is_registered_with_its_sample_count(config: CacheConfig) -> None:
+    lmdb_tier = LmdbTier(config)
+    with ReadThroughCache([lmdb_tier], FakeSource(123), config=config) as cache:
+        records(cache, [1, 2, 3])
+        (info,) = lmdb_tier.datasets()
+    assert (info.dataset_id, info.num_samples, info.entries) == (DATASET, 123, 3)
+
+
+def test_lease_holds_the_lmdb_read_transaction_until_closed(config: CacheConfig) -> None:
+    lmdb_tier = LmdbTier(config)
+    with ReadThroughCache([lmdb_tier], FakeSource(10), config=config) as cache:
+        records(cache, [1])
+        handle = lmdb_tier._get_handle()
+        assert handle is not None
+        before = handle.env.readers()
+        lease = cache.get_many([1])
+        during = handle.env.readers()
+        lease.close()
+        assert during.count("\n") == before.count("\n") + 1
+        assert handle.env.readers().count("\n") == before.count("\n")
+
+
+def test_stats_as_dict_is_json_ready(config: CacheConfig) -> None:
+    import json
+
+    with ReadThroughCache(default_tiers(config), FakeSource(10), config=config) as cache:
+        records(cache, [1, 2])
+        text = json.dumps(cache.stats().as_dict())
+    assert '"source_samples": 2' in text
+
+
+def _epoch_hit_rates(cache: ReadThroughCache, source: FakeSource, epochs: int) -> list[float]:
+    rng = np.random.default_rng(1234)
+    rates = []
+    for _ in range(epochs):
+        before = len(source.samples_read)
+        order = rng.permutation(len(source))
+        for start in range(0, len(order), 500):
+            with cache.get_many(order[start : start + 500]):
+                pass
+        rates.append(1 - (len(source.samples_read) - before) / len(source))
+    return rates
+
+
+@pytest.mark.parametrize("ratio", [0.25, 0.5, 0.75])
+def test_ram_tier_reaches_c_over_d_under_per_epoch_reshuffle(tmp_path: Path, ratio: float) -> None:
+    n, size = 20_000, 32
+    entry = len(make_record(0, 0, size)) + ENTRY_OVERHEAD_BYTES
+    config = CacheConfig(dir=str(tmp_path), ram_bytes=int(ratio * n) * entry, min_free_bytes=0)
+    source = FakeSource(n, size=size)
+    with ReadThroughCache([RamTier(config)], source, config=config) as cache:
+        rates = _epoch_hit_rates(cache, source, 4)
+    assert rates[0] == 0.0
+    for rate in rates[1:]:
+        assert rate >= ratio - 0.02, rates
+
+
+@pytest.mark.parametrize("ratio", [0.25, 0.5, 0.75])
+def test_lmdb_tier_reaches_c_over_d_under_per_epoch_reshuffle(tmp_path: Path, ratio: float) -> None:
+    # 2.5 KB records take one overflow page each, so C (in samples) follows from the
+    # byte budget: a page per record plus the leaf entry, the lock file and the reserve.
+    n, size = 20_000, 2_400
+    per_entry = 4096 + 48
+    budget = int(ratio * n * per_entry / 0.99) + 65_664 + 8192 + 24 * 4096
+    config = CacheConfig(dir=str(tmp_path / "c"), max_bytes=budget, min_free_bytes=0)
+    source = FakeSource(n, size=size)
+    lmdb_tier = LmdbTier(config)
+    with ReadThroughCache([lmdb_tier], source, config=config) as cache:
+        rates = _epoch_hit_rates(cache, source, 4)
+        cached = lmdb_tier.stats().entries / n
+        assert lmdb_tier.disk_bytes() <= budget
+    assert cached >= ratio - 0.03, (cached, ratio)
+    for rate in rates[1:]:
+        assert rate >= ratio - 0.03, (rates, cached)
+        assert rate >= cached - 0.02, (rates, cached)
