@@ -44,7 +44,6 @@ typedef struct {
     size_t (*free_dctx)(void *dctx);
     size_t (*decompress_dctx)(void *dctx, void *dst, size_t capacity, const void *src, size_t size);
     unsigned (*is_error)(size_t code);
-    const char *(*error_name)(size_t code);
 } fd_zstd_api;
 
 typedef struct {

@@ -42,8 +42,6 @@ int fd_zstd_load(fd_state *st, const char *soname) {
     ok = ok && fd_sym(handle, "ZSTD_decompressDCtx", &api.decompress_dctx, sizeof(api.decompress_dctx), problem,
                       sizeof(problem)) == 0;
     ok = ok && fd_sym(handle, "ZSTD_isError", &api.is_error, sizeof(api.is_error), problem, sizeof(problem)) == 0;
-    ok = ok && fd_sym(handle, "ZSTD_getErrorName", &api.error_name, sizeof(api.error_name), problem,
-                      sizeof(problem)) == 0;
     char why[sizeof(st->zstd_problem)];
     if (ok) {
         st->zstd = api;
