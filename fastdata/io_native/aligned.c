@@ -25,13 +25,14 @@ static int fd_aligned_getbuffer(PyObject *obj, Py_buffer *view, int flags) {
     if (PyBuffer_FillInfo(view, obj, self->data, self->nbytes, 0, flags) < 0) {
         return -1;
     }
-    self->exports++;
+    /* Atomic: the module declares that it does not need the GIL (free-threaded builds). */
+    __atomic_add_fetch(&self->exports, 1, __ATOMIC_RELAXED);
     return 0;
 }
 
 static void fd_aligned_releasebuffer(PyObject *obj, Py_buffer *view) {
     (void)view;
-    ((fd_aligned *)obj)->exports--;
+    __atomic_sub_fetch(&((fd_aligned *)obj)->exports, 1, __ATOMIC_RELAXED);
 }
 
 static void fd_aligned_dealloc(PyObject *obj) {
@@ -48,7 +49,7 @@ static Py_ssize_t fd_aligned_len(PyObject *obj) {
 static PyObject *fd_aligned_repr(PyObject *obj) {
     fd_aligned *self = (fd_aligned *)obj;
     return PyUnicode_FromFormat("AlignedBuffer(nbytes=%zd, alignment=%zd, exports=%zd)",
-                                self->nbytes, self->alignment, self->exports);
+                                self->nbytes, self->alignment, __atomic_load_n(&self->exports, __ATOMIC_RELAXED));
 }
 
 static PyObject *fd_aligned_get_address(PyObject *obj, void *closure) {
@@ -68,7 +69,7 @@ static PyObject *fd_aligned_get_alignment(PyObject *obj, void *closure) {
 
 static PyObject *fd_aligned_get_exports(PyObject *obj, void *closure) {
     (void)closure;
-    return PyLong_FromSsize_t(((fd_aligned *)obj)->exports);
+    return PyLong_FromSsize_t(__atomic_load_n(&((fd_aligned *)obj)->exports, __ATOMIC_RELAXED));
 }
 
 static PyGetSetDef fd_aligned_getset[] = {

@@ -49,6 +49,8 @@ void fd_type_error(const char *what, PyObject *obj, const char *rest) {
     }
 }
 
+/* Take a read-only view of every item of buffers (any iterable). On failure the views taken
+ * so far stay recorded in s, and fd_sources_release frees them; the caller owns s. */
 int fd_sources_acquire(fd_sources *s, PyObject *buffers) {
     if (PyList_Check(buffers) || PyTuple_Check(buffers)) {
         s->seq = Py_NewRef(buffers);
@@ -98,6 +100,7 @@ int fd_sources_acquire(fd_sources *s, PyObject *buffers) {
     return 0;
 }
 
+/* Release every view and the sequence; safe on a partly acquired or zeroed s. */
 void fd_sources_release(fd_sources *s) {
     for (Py_ssize_t i = 0; i < s->held; i++) {
         PyBuffer_Release(&s->views[i]);
@@ -106,6 +109,7 @@ void fd_sources_release(fd_sources *s) {
     Py_CLEAR(s->seq);
 }
 
+/* Raise DecodeError(message, index, offset) from a failure recorded without the GIL. */
 void fd_raise_decode(fd_state *st, const fd_failure *f) {
     PyObject *exc = PyObject_CallFunction(st->decode_error, "snK", f->problem.message, f->index,
                                           (unsigned long long)f->problem.offset);

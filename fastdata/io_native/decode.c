@@ -18,6 +18,7 @@ typedef struct {
     uint32_t count, capacity;
 } fd_namebook;
 
+/* Bytewise order, shorter first on a tie: the order the format sorts names in. */
 static int fd_name_cmp(const uint8_t *a, uint32_t an, const uint8_t *b, uint32_t bn) {
     int order = memcmp(a, b, an < bn ? an : bn);
     return order != 0 ? order : (an > bn) - (an < bn);
@@ -78,7 +79,8 @@ typedef struct {
     fd_namebook names;
 } fd_layout;
 
-/* Rows to reserve: each record's header field count, bounded as validation will bound it. */
+/* Rows to reserve: each record's header field count, bounded as validation will bound it.
+ * Runs with the GIL, before the GIL-free pass; reads the held views only. */
 static size_t fd_estimate_rows(const fd_sources *s) {
     size_t total = 0;
     for (Py_ssize_t i = 0; i < s->count; i++) {
@@ -92,6 +94,7 @@ static size_t fd_estimate_rows(const fd_sources *s) {
     return total;
 }
 
+/* One decode_batch row (docs/record-format.md, "The decoder API"). Runs without the GIL. */
 static void fd_write_row(int64_t *row, int64_t name_index, const fd_field *f) {
     row[0] = name_index;
     row[1] = f->kind;

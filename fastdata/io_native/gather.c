@@ -87,6 +87,8 @@ static void fd_copy(const fd_span *spans, Py_ssize_t count, uint8_t *dst, const 
     }
 }
 
+/* ValueError when out shares a byte with any input (memcpy needs disjoint buffers).
+ * Runs with the GIL; compares addresses of the held views. */
 static int fd_check_overlap(const Py_buffer *out, const fd_sources *s) {
     uintptr_t lo = (uintptr_t)out->buf, hi = lo + (uintptr_t)out->len;
     for (Py_ssize_t i = 0; out->len > 0 && i < s->count; i++) {
@@ -99,6 +101,7 @@ static int fd_check_overlap(const Py_buffer *out, const fd_sources *s) {
     return 0;
 }
 
+/* ValueError for a too small out, worded as _pure words it. Runs with the GIL. */
 static void fd_raise_capacity(PyObject *field, Py_ssize_t out_len, Py_ssize_t count, const fd_plan *plan) {
     char needs[48];
     if (plan->overflow) {
