@@ -219,6 +219,7 @@ def encode(
         raise ConfigError(f"a record holds at most {MAX_FIELDS} fields, got {len(fields)}")
     levels = _levels(fields, compress)
     explicit = isinstance(compress, Mapping)
+    compressors: dict[int, zstandard.ZstdCompressor] = {}  # one per level, for this call only
     items = []
     for name, value in fields.items():
         key = _name_bytes(name)
@@ -229,7 +230,9 @@ def encode(
                 f"compress names field {name!r}, a str or scalar; only bytes and arrays compress"
             )
         if name in levels and kind in (KIND_BYTES, KIND_ARRAY) and len(payload):
-            payload = zstandard.ZstdCompressor(level=levels[name]).compress(payload)
+            level = levels[name]
+            compressor = compressors.setdefault(level, zstandard.ZstdCompressor(level=level))
+            payload = compressor.compress(payload)
             codec = CODEC_ZSTD
         items.append((key, kind, code, codec, shape, payload))
     items.sort(key=lambda item: item[0])
@@ -555,7 +558,11 @@ def collate(
     ids = _ids(sample_ids, count)
     names, starts, rows = _decode_batch(items, verify, ids)
     index_of = {name: j for j, name in enumerate(names)}
+    if isinstance(fields, str):
+        raise ConfigError(f"fields must be a sequence of field names, not the str {fields!r}")
     wanted = list(names) if fields is None else list(fields)
+    if len(set(wanted)) != len(wanted):
+        raise ConfigError(f"fields names a field twice: {wanted}")
     for name in wanted:
         if name not in index_of:
             raise ConfigError(f"no record in this batch has field {name!r}; it has {list(names)}")

@@ -380,6 +380,10 @@ def test_collate_argument_errors(backend: Any) -> None:
         collate([])
     with pytest.raises(ConfigError, match=r"no record in this batch has field 'nope'"):
         collate(recs, fields=["nope"])
+    with pytest.raises(ConfigError, match=r"not the str 'img'"):
+        collate(recs, fields="img")
+    with pytest.raises(ConfigError, match=r"names a field twice"):
+        collate(recs, fields=["img", "img"])
     with pytest.raises(ConfigError, match="sample_ids has 3 entries for 2 buffers"):
         collate(recs, sample_ids=[1, 2, 3])
     with pytest.raises(ConfigError, match="at least nbytes long"):
