@@ -7,6 +7,8 @@ torch ``IterableDataset`` and a drop-in ``DataLoader``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from fastdata.config import CacheConfig, FastdataConfig, PrefetchConfig, StoreConfig
 from fastdata.errors import (
     AccessDeniedError,
@@ -20,7 +22,32 @@ from fastdata.errors import (
 )
 from fastdata.store import ByteRange, ObjectInfo, Store
 
+if TYPE_CHECKING:
+    from fastdata.dataset import Dataset, VarTensor
+    from fastdata.loader import DataLoader, LoaderStats
+
 __version__ = "0.1.0"
+
+# The torch face is imported on first use, so that `fastdata warm`, the store and the
+# cache start without importing torch (STYLE.md section 1).
+_LAZY = {
+    "DataLoader": "fastdata.loader",
+    "Dataset": "fastdata.dataset",
+    "LoaderStats": "fastdata.loader",
+    "VarTensor": "fastdata.dataset",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fastdata' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AccessDeniedError",
@@ -29,8 +56,11 @@ __all__ = [
     "CacheError",
     "ConfigError",
     "CorruptRecordError",
+    "DataLoader",
+    "Dataset",
     "FastdataConfig",
     "FastdataError",
+    "LoaderStats",
     "ObjectChangedError",
     "ObjectInfo",
     "ObjectNotFoundError",
@@ -38,5 +68,6 @@ __all__ = [
     "Store",
     "StoreConfig",
     "StoreError",
+    "VarTensor",
     "__version__",
 ]

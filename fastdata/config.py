@@ -225,7 +225,8 @@ class CacheConfig:
         )
         _require(
             self.page_readahead in ("auto", "always", "never"),
-            f"cache page_readahead must be 'auto', 'always' or 'never', got {self.page_readahead!r}",
+            "cache page_readahead must be 'auto', 'always' or 'never', "
+            f"got {self.page_readahead!r}",
         )
         _require(
             self.write_txn_bytes >= 64 * 1024,
@@ -297,6 +298,11 @@ class FastdataConfig:
     """Cache tier settings."""
     prefetch: PrefetchConfig = field(default_factory=PrefetchConfig)
     """Prefetcher and buffer pool settings."""
+
+    @classmethod
+    def from_environ(cls, **overrides: Any) -> FastdataConfig:
+        """:meth:`from_env` over this process's environment (what the public API uses)."""
+        return cls.from_env(os.environ, **overrides)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], **overrides: Any) -> FastdataConfig:

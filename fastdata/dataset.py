@@ -1,0 +1,440 @@
+"""fastdata.Dataset: a torch ``IterableDataset`` over the epoch plan, the cache and the prefetcher.
+
+A dataset is a URL plus a layout. Construction opens (or builds) the sample index, so a
+bad URL fails at once and ``len(dataset)`` is known. Everything that holds a live handle
+(the store client, the LMDB environment, the buffer pool, threads) lives in a
+per-process runtime opened on first use, so the dataset pickles as configuration and
+works in DataLoader worker processes under fork, spawn and forkserver.
+
+Two ways to iterate:
+
+* :meth:`Dataset.prefetch` yields whole batches, gathered by the prefetcher's
+  threads into page-aligned (pinned when CUDA is present) pool buffers. This is what
+  :class:`fastdata.DataLoader` uses; a batch is a dict ``field -> Tensor`` (fixed shapes
+  stacked as ``[N, *shape]``), ``field -> VarTensor`` for variable-length fields, plus
+  ``"__id__"``, the int64 sample ids.
+* ``iter(dataset)`` yields single samples, for a plain ``torch.utils.data.DataLoader``:
+  it shards across ``torch.distributed`` ranks and DataLoader workers by itself. Call
+  :meth:`set_epoch` every epoch (as with ``DistributedSampler``) to reshuffle.
+
+NOTE[dataset-runtime]: the runtime records the PID that opened it. A process that finds
+a runtime of another PID (a forked worker) drops it without closing it (the parent owns
+those handles) and opens its own, lazily. ``__getstate__`` never carries it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from fastdata import record
+from fastdata.cache import ReadThroughCache, default_tiers
+from fastdata.config import CacheConfig, FastdataConfig, parse_size
+from fastdata.errors import ConfigError
+from fastdata.index import SampleIndex, open_index
+from fastdata.plan import EpochOrder, EpochPlan, PlanConfig, ShuffleMode
+from fastdata.prefetch import BufferPool, Prefetcher
+from fastdata.store import Store
+
+__all__ = ["Batch", "Dataset", "VarTensor", "split_batch"]
+
+logger = logging.getLogger(__name__)
+
+ID_KEY = "__id__"
+"""Batch and sample key holding the sample ids (int64)."""
+
+
+class VarTensor(NamedTuple):
+    """A variable-length field of a batch: sample ``i`` is ``values[offsets[i]:offsets[i+1]]``.
+
+    ``values`` holds every sample's elements back to back (``uint8`` for bytes and str
+    fields), ``offsets`` is int64 of length N + 1. It is a NamedTuple so that torch's
+    ``pin_memory`` and ``default_convert`` handle it like any tuple of tensors.
+    """
+
+    values: torch.Tensor
+    """Every sample's elements, back to back."""
+    offsets: torch.Tensor
+    """int64, N + 1 entries, in elements of ``values``."""
+    kind: str = "bytes"
+    """What a sample is: ``"bytes"``, ``"str"`` (UTF-8 in ``values``) or ``"array"``."""
+
+    def item(self, i: int) -> torch.Tensor:  # type: ignore[override]
+        """The elements of sample ``i`` (a view)."""
+        start, end = int(self.offsets[i]), int(self.offsets[i + 1])
+        return self.values[start:end]
+
+    def tolist(self) -> list[bytes]:
+        """Each sample's bytes (copies)."""
+        raw = self.values.numpy().tobytes()
+        bounds = self.offsets.tolist()
+        size = self.values.element_size()
+        return [raw[a * size : b * size] for a, b in itertools.pairwise(bounds)]
+
+    def to(self, *args: Any, **kwargs: Any) -> VarTensor:
+        """Both tensors moved or cast like ``Tensor.to``."""
+        return VarTensor(
+            self.values.to(*args, **kwargs), self.offsets.to(*args, **kwargs), self.kind
+        )
+
+
+Batch = dict[str, Any]
+"""``field -> Tensor | VarTensor``, plus ``"__id__"``; or what a ``collate_fn`` returns."""
+
+
+def _to_torch(value: Any) -> Any:
+    if isinstance(value, record.VarBatch):
+        return VarTensor(
+            torch.from_numpy(value.values), torch.from_numpy(value.offsets), value.kind
+        )
+    return torch.from_numpy(value)
+
+
+def split_batch(batch: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Split a gathered batch into per-sample dicts (views where the field is a tensor).
+
+    Variable-length bytes fields become ``bytes``, str fields ``str``, and
+    variable-shape arrays 1-D tensors (flattened).
+
+    Args:
+        batch: A batch from :meth:`Dataset.fetch_batch`.
+
+    Returns:
+        One dict per sample, in batch order.
+    """
+    ids = batch[ID_KEY]
+    count = len(ids)
+    samples: list[dict[str, Any]] = [{ID_KEY: int(i)} for i in ids.tolist()]
+    for name, value in batch.items():
+        if name == ID_KEY:
+            continue
+        if isinstance(value, VarTensor):
+            if value.kind in ("bytes", "str"):
+                parts = value.tolist()
+                for sample, part in zip(samples, parts, strict=True):
+                    sample[name] = part.decode("utf-8") if value.kind == "str" else part
+            else:
+                for i, sample in enumerate(samples):
+                    sample[name] = value.item(i)
+        else:
+            for i in range(count):
+                samples[i][name] = value[i]
+    return samples
+
+
+class _Runtime:
+    """Live handles of one process: store, cache chain, buffer pool (NOTE[dataset-runtime])."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.pid = os.getpid()
+        config = dataset.config
+        self.store = Store(
+            dataset.index.url, storage_options=dataset.storage_options, config=config.store
+        )
+        self.cache = ReadThroughCache(
+            default_tiers(config.cache), dataset.index.source(self.store), config=config.cache
+        )
+        # Pinning pays off only in the process that feeds the accelerator; a worker
+        # process's batches are copied into shared memory by torch anyway.
+        in_worker = get_worker_info() is not None
+        self.pool = BufferPool.from_config(config.prefetch, pin=False if in_worker else None)
+
+    def close(self) -> None:
+        self.cache.close()
+        self.pool.close()
+        self.store.close()
+
+
+class Dataset(IterableDataset):  # type: ignore[type-arg]
+    """A dataset in object storage, read through the node cache by background threads.
+
+    Args:
+        url: Dataset root (``s3://bucket/prefix``, ``file:///data``, a local path).
+        layout: ``files``, ``tar``, ``parquet`` or ``packed``; detected when ``None``.
+        pattern: Glob selecting objects below ``url`` (``**/*.jpg``).
+        fields: Fields (tar extensions, Parquet columns) to read; ``None`` reads all.
+        cache_dir: Node cache directory (default ``$FASTDATA_CACHE_DIR`` or the user cache).
+        cache_bytes: LMDB tier budget, bytes or a string like ``"200GiB"``.
+        ram_bytes: RAM tier budget (0 turns it off).
+        shuffle: ``True`` (a fresh global shuffle every epoch), ``False``, or a mode:
+            ``"global"``, ``"shard_window"`` (shards in shuffled order, samples shuffled
+            within a window: for cold streaming of tar/Parquet shards) or ``"none"``.
+        seed: Base seed of the shuffle; every rank must use the same.
+        storage_options: Passed to fsspec/obstore untouched (credentials, endpoint).
+        transform: ``transform(sample_dict) -> anything``, applied per sample; batches
+            are then made by the loader's ``collate_fn`` (torch's default_collate).
+        consistency: ``"immutable"`` trusts the saved index; ``"validate"`` re-lists the
+            source on open and treats changed objects as misses.
+        strict: With ``validate``, refuse a changed dataset instead of warning.
+        batch_size: Samples gathered per background fetch when iterating single samples.
+        config: Full settings; the arguments above override its fields.
+        layout_options: Layout options (``labels=True`` for ImageFolder labels, ...).
+
+    Raises:
+        ConfigError: A bad argument, or nothing to read at ``url``.
+        StoreError: The store could not be listed.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        layout: str | None = None,
+        pattern: str | None = None,
+        fields: Sequence[str] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_bytes: int | str | None = None,
+        ram_bytes: int | str | None = None,
+        shuffle: bool | ShuffleMode = True,
+        seed: int = 0,
+        storage_options: Mapping[str, Any] | None = None,
+        transform: Callable[[dict[str, Any]], Any] | None = None,
+        consistency: Literal["immutable", "validate"] = "immutable",
+        strict: bool = False,
+        batch_size: int = 64,
+        config: FastdataConfig | None = None,
+        layout_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if transform is not None and not callable(transform):
+            raise ConfigError(f"transform must be callable, got {transform!r}")
+        if fields is not None and (
+            isinstance(fields, str) or not all(isinstance(f, str) for f in fields)
+        ):
+            raise ConfigError(f"fields must be a sequence of field names, got {fields!r}")
+        self.config = _merge_config(config, cache_dir, cache_bytes, ram_bytes)
+        self.shuffle: ShuffleMode = _shuffle_mode(shuffle)
+        self.plan_config = PlanConfig(batch_size=batch_size, seed=seed, shuffle=self.shuffle)
+        self.fields = list(fields) if fields is not None else None
+        self.transform = transform
+        self.storage_options = dict(storage_options or {})
+        self.index: SampleIndex = open_index(
+            url,
+            layout=layout,
+            pattern=pattern,
+            fields=self.fields,
+            storage_options=self.storage_options,
+            store=Store(url, storage_options=self.storage_options, config=self.config.store),
+            cache_dir=self.config.cache.resolved_dir(),
+            consistency=consistency,
+            strict=strict,
+            **dict(layout_options or {}),
+        )
+        self.epoch = 0
+        self._shard_sizes: np.ndarray | None = None
+        self._runtime: _Runtime | None = None
+        self._runtime_lock = threading.Lock()
+
+    # -- pickling and per-process handles (NOTE[dataset-runtime]) ----------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_runtime"] = None
+        state["_runtime_lock"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._runtime_lock = threading.Lock()
+
+    def runtime(self) -> _Runtime:
+        """This process's store, cache and pool, opened on first use."""
+        with self._runtime_lock:
+            runtime = self._runtime
+            if runtime is None or runtime.pid != os.getpid():
+                runtime = self._runtime = _Runtime(self)
+            return runtime
+
+    def close(self) -> None:
+        """Close this process's handles; the next use opens new ones."""
+        with self._runtime_lock:
+            runtime, self._runtime = self._runtime, None
+        if runtime is not None and runtime.pid == os.getpid():
+            runtime.close()
+
+    def __enter__(self) -> Dataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the plan ------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __repr__(self) -> str:
+        return (
+            f"fastdata.Dataset({self.index.url!r}, samples={len(self)}, shuffle={self.shuffle!r})"
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose order ``iter(dataset)`` follows (call it every epoch)."""
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            raise ConfigError(f"epoch must be a non-negative int, got {epoch!r}")
+        self.epoch = epoch
+
+    def plan_config_for(
+        self,
+        *,
+        batch_size: int,
+        drop_last: bool = False,
+        shuffle: bool | ShuffleMode | None = None,
+        seed: int | None = None,
+    ) -> PlanConfig:
+        """The dataset's plan settings with the loader's batch size and overrides."""
+        base = self.plan_config
+        return PlanConfig(
+            batch_size=batch_size,
+            seed=base.seed if seed is None else seed,
+            shuffle=base.shuffle if shuffle is None else _shuffle_mode(shuffle),
+            drop_last=drop_last,
+            window_samples=base.window_samples,
+        )
+
+    def order(self, epoch: int, config: PlanConfig | None = None) -> EpochOrder:
+        """The canonical global order of ``epoch`` (same on every rank and worker)."""
+        config = config or self.plan_config
+        shard_sizes = self.shard_sizes() if config.shuffle == "shard_window" else None
+        return EpochOrder(len(self), config, epoch=epoch, shard_sizes=shard_sizes)
+
+    def shard_sizes(self) -> np.ndarray:
+        """Samples per source object, in id order (the shards of ``shard_window``)."""
+        if self._shard_sizes is None:
+            objects = self.index.locations(np.arange(len(self)))["obj"]
+            boundaries = np.flatnonzero(np.diff(objects)) + 1
+            self._shard_sizes = np.diff(np.concatenate(([0], boundaries, [len(objects)])))
+        return self._shard_sizes
+
+    # -- batches -------------------------------------------------------------------------
+
+    def fetch_batch(self, sample_ids: np.ndarray) -> Batch:
+        """Read and gather one batch: one cache call, one gather per field into a pool buffer.
+
+        Args:
+            sample_ids: The batch's sample ids, in order.
+
+        Returns:
+            ``field -> Tensor | VarTensor`` plus ``"__id__"``.
+
+        Raises:
+            CorruptRecordError: A sample's bytes are malformed (names the sample).
+            StoreError: The store failed after retries.
+        """
+        runtime = self.runtime()
+        with runtime.cache.get_many(sample_ids) as lease:
+            arrays = record.collate(
+                lease.buffers, fields=self.fields, alloc=runtime.pool.acquire, sample_ids=sample_ids
+            )
+        batch: Batch = {name: _to_torch(value) for name, value in arrays.items()}
+        batch[ID_KEY] = torch.from_numpy(np.array(sample_ids, dtype=np.int64))
+        return batch
+
+    def _make_fetch(
+        self, collate_fn: Callable[[list[Any]], Any] | None
+    ) -> Callable[[np.ndarray], Any]:
+        transform = self.transform
+        if transform is None and collate_fn is None:
+            return self.fetch_batch
+        collate = collate_fn or torch.utils.data.default_collate
+
+        def fetch(sample_ids: np.ndarray) -> Any:
+            samples = split_batch(self.fetch_batch(sample_ids))
+            if transform is not None:
+                samples = [transform(s) for s in samples]
+            return collate(samples)
+
+        return fetch
+
+    def prefetch(
+        self,
+        plan: EpochPlan,
+        *,
+        worker_id: int = 0,
+        num_workers: int = 1,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+    ) -> Prefetcher[np.ndarray, Any]:
+        """Start background threads that fetch one consumer's batches of an epoch plan.
+
+        Args:
+            plan: This rank's plan (from :meth:`order` and ``EpochPlan``).
+            worker_id: This worker of the rank (DataLoader worker processes).
+            num_workers: Workers of the rank (1 without worker processes).
+            collate_fn: Turns a list of (transformed) samples into a batch; used when the
+                dataset has a ``transform`` or when given (default: torch's default_collate).
+
+        Returns:
+            An iterator of batches in plan order; close it (or use ``with``) to stop early.
+        """
+        runtime = self.runtime()
+
+        def hint(upcoming: list[np.ndarray]) -> None:
+            runtime.cache.hint(np.concatenate(upcoming))
+
+        return Prefetcher(
+            plan.batches_for_worker(worker_id, num_workers),
+            self._make_fetch(collate_fn),
+            config=self.config.prefetch,
+            hint=hint,
+        )
+
+    def __iter__(self) -> Iterator[Any]:
+        """Single samples for a plain torch DataLoader: sharded across ranks and workers."""
+        world_size, rank = distributed_world()
+        info = get_worker_info()
+        worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        plan = EpochPlan(self.order(self.epoch), world_size=world_size, rank=rank)
+        with self.prefetch(plan, worker_id=worker_id, num_workers=num_workers) as batches:
+            for batch in batches:
+                for sample in split_batch(batch):
+                    yield self.transform(sample) if self.transform is not None else sample
+
+
+def distributed_world() -> tuple[int, int]:
+    """``(world_size, rank)`` from ``torch.distributed`` when initialised, else ``(1, 0)``."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+def _shuffle_mode(shuffle: bool | str) -> ShuffleMode:
+    if shuffle is True:
+        return "global"
+    if shuffle is False:
+        return "none"
+    if shuffle in ("global", "shard_window", "none"):
+        return shuffle  # type: ignore[return-value]
+    raise ConfigError(
+        f"shuffle must be True, False, 'global', 'shard_window' or 'none', got {shuffle!r}"
+    )
+
+
+def _merge_config(
+    config: FastdataConfig | None,
+    cache_dir: str | os.PathLike[str] | None,
+    cache_bytes: int | str | None,
+    ram_bytes: int | str | None,
+) -> FastdataConfig:
+    if config is not None and not isinstance(config, FastdataConfig):
+        raise ConfigError(f"config must be a FastdataConfig, got {type(config).__name__}")
+    config = config or FastdataConfig.from_environ()
+    changes: dict[str, Any] = {}
+    if cache_dir is not None:
+        changes["dir"] = os.fspath(cache_dir)
+    if cache_bytes is not None:
+        changes["max_bytes"] = parse_size(cache_bytes)
+    if ram_bytes is not None:
+        changes["ram_bytes"] = parse_size(ram_bytes)
+    if not changes:
+        return config
+    fields = {**config.cache.__dict__, **changes}
+    return FastdataConfig(store=config.store, cache=CacheConfig(**fields), prefetch=config.prefetch)

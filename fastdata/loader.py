@@ -1,0 +1,594 @@
+"""fastdata.DataLoader: torch's DataLoader signature over a fastdata plan and prefetcher.
+
+With a :class:`fastdata.Dataset` the loader plans every epoch itself (shuffle, shards
+across ``torch.distributed`` ranks, equal batch counts per rank), and by default needs no
+worker processes: the prefetcher's threads fetch and gather batches into pooled,
+page-aligned (pinned with CUDA) buffers while the loop trains. ``num_workers > 0`` runs
+the dataset's per-sample ``transform`` and the ``collate_fn`` in worker processes
+instead, each with its own prefetcher over its share of the rank's batches. With any
+other dataset it is ``torch.utils.data.DataLoader`` itself.
+
+NOTE[loader-resume]: the loader counts the batches it has handed to the caller in the
+current epoch (``steps``). ``state_dict()`` stores ``(epoch, cursor)`` where ``cursor``
+is :meth:`EpochPlan.cursor_after` of ``steps``: the number of positions of the epoch's
+global order consumed by all ranks together. It does not depend on world size, workers
+or batch size, so ``load_state_dict()`` in a job of another shape continues the same
+epoch at exactly the next sample. A batch counts as consumed when it is handed out.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from fastdata.dataset import Dataset, VarTensor, distributed_world, split_batch
+from fastdata.errors import ConfigError
+from fastdata.plan import EpochPlan, PlanConfig, PlanState
+
+__all__ = ["DataLoader", "LoaderStats"]
+
+logger = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+_WAIT_WINDOW = 4096
+
+
+@dataclass(frozen=True)
+class LoaderStats:
+    """What the training loop saw, plus the cache and store counters of this process."""
+
+    epoch: int
+    """Epoch of the current (or last) iteration."""
+    steps: int
+    """Batches handed out in that epoch."""
+    samples: int
+    """Samples handed out in that epoch."""
+    elapsed_s: float
+    """Seconds from the first request of the epoch to the last batch handed out."""
+    wait_s_total: float
+    """Seconds the loop spent waiting for data (inside ``next()``)."""
+    wait_s_p50: float
+    """Median per-step data wait (last 4096 steps)."""
+    wait_s_p99: float
+    """99th-percentile per-step data wait."""
+    wait_s_max: float
+    """Longest per-step data wait."""
+    stall_fraction: float
+    """``wait_s_total / elapsed_s``: the share of the loop's time spent waiting."""
+    samples_per_s: float
+    """Samples handed out per second of ``elapsed_s``."""
+    queue_depth: float
+    """Mean batches ready in the prefetcher when one was taken (threads only)."""
+    cache: dict[str, Any] | None
+    """``ReadThroughCache.stats().as_dict()`` of this process (threads only)."""
+    store: dict[str, Any] | None
+    """``Store.stats()`` of this process (threads only): requests, bytes, retries."""
+    dropped_samples: int
+    """Samples of the epoch no rank reads (the documented tail, see docs/plan.md)."""
+
+
+class _WorkerStream(IterableDataset):  # type: ignore[type-arg]
+    """What each DataLoader worker process iterates: its share of the rank's batches.
+
+    With persistent workers torch keeps this object in the worker across epochs, so it
+    advances its own epoch on every ``iter()``, exactly as the loader does.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        plan_config: PlanConfig,
+        *,
+        epoch: int,
+        cursor: int,
+        world: tuple[int, int],
+        collate_fn: Callable[[list[Any]], Any] | None,
+    ) -> None:
+        self.dataset = dataset
+        self.plan_config = plan_config
+        self.epoch = epoch
+        self.cursor = cursor
+        self.world = world
+        self.collate_fn = collate_fn
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        epoch, cursor = self.epoch, self.cursor
+        self.epoch, self.cursor = epoch + 1, 0
+        world_size, rank = self.world
+        plan = EpochPlan(
+            self.dataset.order(epoch, self.plan_config),
+            world_size=world_size,
+            rank=rank,
+            cursor=cursor,
+        )
+        with self.dataset.prefetch(
+            plan, worker_id=worker_id, num_workers=num_workers, collate_fn=self.collate_fn
+        ) as batches:
+            yield from batches
+
+
+class DataLoader:
+    """A drop-in ``torch.utils.data.DataLoader`` that keeps the training loop fed.
+
+    Arguments are torch's. With a :class:`fastdata.Dataset`: ``shuffle=None`` keeps the
+    dataset's setting; ``generator`` seeds the shuffle; ``sampler`` and
+    ``batch_sampler`` are refused (the epoch plan decides the order);
+    ``timeout``, ``worker_init_fn``, ``multiprocessing_context``, ``prefetch_factor``,
+    ``persistent_workers`` and ``in_order`` apply to worker processes. A batch is a dict
+    ``field -> Tensor`` (fixed shapes stacked) or ``VarTensor`` (variable-length), plus
+    ``"__id__"``; with ``collate_fn`` or a dataset ``transform``, whatever ``collate_fn``
+    returns for the list of samples.
+
+    Extra keyword arguments:
+        device: Copy every batch to this device (``"cuda"``) on a side stream from the
+            pinned buffers, one batch ahead, overlapping compute.
+        world_size, rank: Override ``torch.distributed``'s (e.g. one loader per rank
+            without a process group).
+        metrics_port: Serve ``stats()`` as Prometheus metrics on 127.0.0.1 at this port
+            (needs the ``metrics`` extra: ``pip install 'fastdata[metrics]'``).
+
+    Raises:
+        ConfigError: A bad argument.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Any = None,
+        batch_sampler: Any = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: Any = None,
+        generator: torch.Generator | None = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        device: str | torch.device | None = None,
+        world_size: int | None = None,
+        rank: int | None = None,
+        metrics_port: int | None = None,
+    ) -> None:
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.collate_fn = collate_fn
+        self.pin_memory = pin_memory
+        self.drop_last = drop_last
+        self._torch_kwargs: dict[str, Any] = {
+            "timeout": timeout,
+            "worker_init_fn": worker_init_fn,
+            "multiprocessing_context": multiprocessing_context,
+            "prefetch_factor": prefetch_factor,
+            "persistent_workers": persistent_workers,
+            "pin_memory_device": pin_memory_device,
+            "in_order": in_order,
+        }
+        self._torch: torch.utils.data.DataLoader[Any] | None = None
+        if not isinstance(dataset, Dataset):
+            self._torch = torch.utils.data.DataLoader(
+                dataset,
+                batch_size=batch_size,
+                shuffle=shuffle,
+                sampler=sampler,
+                batch_sampler=batch_sampler,
+                num_workers=num_workers,
+                collate_fn=collate_fn,
+                pin_memory=pin_memory,
+                drop_last=drop_last,
+                generator=generator,
+                **self._torch_kwargs,
+            )
+            return
+        _check_args(batch_size, sampler, batch_sampler, num_workers, collate_fn, drop_last)
+        self.device = _check_device(device)
+        seed = generator.initial_seed() if generator is not None else None
+        self.plan_config = dataset.plan_config_for(
+            batch_size=batch_size or dataset.plan_config.batch_size,
+            drop_last=drop_last,
+            shuffle=shuffle,
+            seed=seed,
+        )
+        default_world, default_rank = distributed_world()
+        self.world_size = default_world if world_size is None else world_size
+        self.rank = default_rank if rank is None else rank
+        if not 0 <= self.rank < self.world_size:
+            raise ConfigError(
+                f"rank must be in 0..world_size-1, got rank={rank}, world_size={world_size}"
+            )
+        self._epoch = 0
+        self._resume_cursor = 0
+        self._plan: EpochPlan | None = None
+        self._steps = 0
+        self._samples = 0
+        self._worker_loader: torch.utils.data.DataLoader[Any] | None = None
+        self._prefetcher: Any = None
+        self._reset_timing()
+        self._metrics_server = (
+            _serve_metrics(self, metrics_port) if metrics_port is not None else None
+        )
+
+    # -- torch's surface -----------------------------------------------------------------
+
+    def __len__(self) -> int:
+        if self._torch is not None:
+            return len(self._torch)
+        plan = EpochPlan(
+            self.dataset.order(self._epoch, self.plan_config),
+            world_size=self.world_size,
+            rank=self.rank,
+        )
+        return plan.num_batches
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._torch is not None:
+            return iter(self._torch)
+        return self._iterate()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start the next iteration at ``epoch`` (each ``iter()`` otherwise advances by one)."""
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            raise ConfigError(f"epoch must be a non-negative int, got {epoch!r}")
+        self._need_fastdata("set_epoch")
+        self._epoch = epoch
+        self._resume_cursor = 0
+        self._worker_loader = None
+
+    # -- the epoch -----------------------------------------------------------------------
+
+    def _iterate(self) -> Iterator[Any]:
+        epoch, cursor = self._epoch, self._resume_cursor
+        self._epoch, self._resume_cursor = epoch + 1, 0
+        plan = EpochPlan(
+            self.dataset.order(epoch, self.plan_config),
+            world_size=self.world_size,
+            rank=self.rank,
+            cursor=cursor,
+        )
+        self._plan, self._steps, self._samples = plan, 0, 0
+        self._reset_timing()
+        if plan.dropped_samples:
+            logger.info(
+                "epoch %d: %d samples of the tail are not read by any rank (see docs/plan.md)",
+                epoch,
+                plan.dropped_samples,
+            )
+        source = self._batches(plan, epoch, cursor)
+        if self.device is not None and self.device.type == "cuda":
+            source = _to_device(source, self.device)
+        return self._timed(source)
+
+    def _batches(self, plan: EpochPlan, epoch: int, cursor: int) -> Iterator[Any]:
+        if self.num_workers == 0:
+            return self._thread_batches(plan)
+        loader = self._worker_loader
+        if loader is None or not self._torch_kwargs["persistent_workers"]:
+            stream = _WorkerStream(
+                self.dataset,
+                self.plan_config,
+                epoch=epoch,
+                cursor=cursor,
+                world=(self.world_size, self.rank),
+                collate_fn=self._effective_collate(),
+            )
+            kwargs = {k: v for k, v in self._torch_kwargs.items() if v is not None}
+            loader = torch.utils.data.DataLoader(
+                stream,
+                batch_size=None,
+                num_workers=self.num_workers,
+                pin_memory=self.pin_memory,
+                **kwargs,
+            )
+            self._worker_loader = loader
+        return iter(loader)
+
+    def _effective_collate(self) -> Callable[[list[Any]], Any] | None:
+        if (
+            self.collate_fn is None
+            and self.dataset.transform is None
+            and self.batch_size is not None
+        ):
+            return None
+        return self.collate_fn
+
+    def _thread_batches(self, plan: EpochPlan) -> Iterator[Any]:
+        prefetcher = self.dataset.prefetch(plan, collate_fn=self._effective_collate())
+        self._prefetcher = prefetcher
+        if self.batch_size is None:
+            return _unbatched(prefetcher, self.dataset.transform)
+        return prefetcher
+
+    def _timed(self, source: Iterator[Any]) -> Iterator[Any]:
+        self._started_s = time.perf_counter()
+        try:
+            while True:
+                before = time.perf_counter()
+                try:
+                    batch = next(source)
+                except StopIteration:
+                    return
+                now = time.perf_counter()
+                wait = now - before
+                self._wait_total += wait
+                self._wait_max = max(self._wait_max, wait)
+                self._waits[self._steps % _WAIT_WINDOW] = wait
+                self._steps += 1
+                self._samples += _batch_len(batch)
+                self._last_s = now
+                yield batch
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
+
+    def _reset_timing(self) -> None:
+        self._started_s = 0.0
+        self._last_s = 0.0
+        self._wait_total = 0.0
+        self._wait_max = 0.0
+        self._waits = [0.0] * _WAIT_WINDOW
+
+    # -- checkpoints (NOTE[loader-resume]) -----------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader stands: restore with :meth:`load_state_dict`, in any world size.
+
+        Returns:
+            A dict of plain values (safe for ``torch.save`` and JSON).
+        """
+        self._need_fastdata("state_dict")
+        plan = self._plan
+        if plan is not None and self._steps < plan.num_batches:
+            state = plan.state_after(self._steps)
+        elif plan is not None:
+            state = plan.state_after(plan.num_batches).next_epoch()
+        else:
+            order = self.dataset.order(self._epoch, self.plan_config)
+            state = PlanState(
+                epoch=self._epoch,
+                cursor=self._resume_cursor,
+                num_samples=len(self.dataset),
+                digest=order.digest,
+            )
+        return {
+            "version": STATE_VERSION,
+            "plan": state.to_dict(),
+            "dataset_id": self.dataset.index.dataset_id.hex(),
+            "dataset_fingerprint": self.dataset.index.fingerprint,
+            "batch_size": self.plan_config.batch_size,
+            "world_size": self.world_size,
+            "seed": self.plan_config.seed,
+            "shuffle": self.plan_config.shuffle,
+        }
+
+    def load_state_dict(self, state: dict[str, Any], *, strict: bool = False) -> None:
+        """Resume from :meth:`state_dict`: the next ``iter()`` continues that epoch.
+
+        Args:
+            state: A dict from :meth:`state_dict` (possibly of a job of another shape).
+            strict: Refuse (instead of warning) when the dataset changed since.
+
+        Raises:
+            ConfigError: The state is malformed, or of another dataset, seed or shuffle.
+        """
+        self._need_fastdata("load_state_dict")
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise ConfigError(
+                f"not a fastdata loader state of version {STATE_VERSION}: {state!r:.200}"
+            )
+        index = self.dataset.index
+        if state.get("dataset_id") != index.dataset_id.hex():
+            raise ConfigError(
+                "the checkpoint belongs to another dataset (URL, layout or pattern differ): "
+                f"{state.get('dataset_id')} vs {index.dataset_id.hex()}"
+            )
+        for key in ("seed", "shuffle"):
+            if state.get(key) != getattr(self.plan_config, key):
+                raise ConfigError(
+                    f"the checkpoint was taken with {key}={state.get(key)!r}, this loader has "
+                    f"{key}={getattr(self.plan_config, key)!r}; resume with the same {key}"
+                )
+        if state.get("dataset_fingerprint") != index.fingerprint:
+            message = (
+                f"the dataset at {index.url} changed since the checkpoint (source fingerprint "
+                f"{state.get('dataset_fingerprint')} -> {index.fingerprint}); resumed samples "
+                "may differ from the original run"
+            )
+            if strict:
+                raise ConfigError(message + "; pass strict=False to resume anyway")
+            warnings.warn(message, stacklevel=2)
+        plan_state = PlanState.from_dict(state["plan"])
+        order = self.dataset.order(plan_state.epoch, self.plan_config)
+        EpochPlan.from_state(plan_state, order, world_size=self.world_size, rank=self.rank)
+        self._epoch = plan_state.epoch
+        self._resume_cursor = plan_state.cursor
+        self._plan = None
+        self._steps = self._samples = 0
+        self._worker_loader = None
+
+    # -- stats ---------------------------------------------------------------------------
+
+    def stats(self) -> LoaderStats:
+        """Data-wait (stall) times, throughput, and this process's cache and store counters."""
+        self._need_fastdata("stats")
+        steps = self._steps
+        window = np.array(self._waits[: min(steps, _WAIT_WINDOW)] or [0.0])
+        elapsed = max(self._last_s - self._started_s, 0.0)
+        cache = store = None
+        queue_depth = 0.0
+        runtime = self.dataset._runtime if self.num_workers == 0 else None
+        if runtime is not None:
+            cache = runtime.cache.stats().as_dict()
+            store = asdict(runtime.store.stats())
+        if self.num_workers == 0 and self._prefetcher is not None:
+            queue_depth = self._prefetcher.stats().ready_mean
+        plan = self._plan
+        return LoaderStats(
+            epoch=max(self._epoch - 1, 0) if plan is not None else self._epoch,
+            steps=steps,
+            samples=self._samples,
+            elapsed_s=elapsed,
+            wait_s_total=self._wait_total,
+            wait_s_p50=float(np.percentile(window, 50)),
+            wait_s_p99=float(np.percentile(window, 99)),
+            wait_s_max=self._wait_max,
+            stall_fraction=self._wait_total / elapsed if elapsed > 0 else 0.0,
+            samples_per_s=self._samples / elapsed if elapsed > 0 else 0.0,
+            queue_depth=queue_depth,
+            cache=cache,
+            store=store,
+            dropped_samples=plan.dropped_samples if plan is not None else 0,
+        )
+
+    def close(self) -> None:
+        """Stop the metrics server and close this process's dataset handles."""
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server = None
+        if isinstance(self.dataset, Dataset):
+            self.dataset.close()
+
+    def __enter__(self) -> DataLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _need_fastdata(self, what: str) -> None:
+        if self._torch is not None:
+            raise ConfigError(
+                f"DataLoader.{what}() needs a fastdata.Dataset; this loader wraps a "
+                f"{type(self.dataset).__name__} and behaves exactly like torch's DataLoader"
+            )
+
+
+def _check_args(
+    batch_size: int | None,
+    sampler: Any,
+    batch_sampler: Any,
+    num_workers: int,
+    collate_fn: Any,
+    drop_last: bool,
+) -> None:
+    if sampler is not None or batch_sampler is not None:
+        raise ConfigError(
+            "a fastdata.Dataset plans its own order (shuffle, ranks, resume): sampler and "
+            "batch_sampler are not supported; use shuffle= and generator= (or seed=)"
+        )
+    if batch_size is not None and (
+        not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1
+    ):
+        raise ConfigError(f"batch_size must be a positive int or None, got {batch_size!r}")
+    if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
+        raise ConfigError(f"num_workers must be a non-negative int, got {num_workers!r}")
+    if collate_fn is not None and not callable(collate_fn):
+        raise ConfigError(f"collate_fn must be callable, got {collate_fn!r}")
+    if not isinstance(drop_last, bool):
+        raise ConfigError(f"drop_last must be True or False, got {drop_last!r}")
+
+
+def _check_device(device: str | torch.device | None) -> torch.device | None:
+    if device is None:
+        return None
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f"device {device!r} is not a torch device") from exc
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={device!r} but torch sees no CUDA device")
+    return resolved
+
+
+def _batch_len(batch: Any) -> int:
+    """Samples in what the loader hands out (1 for a single sample or an opaque object)."""
+    if isinstance(batch, dict) and batch:
+        first = batch.get("__id__", next(iter(batch.values())))
+    elif isinstance(batch, list | tuple) and batch:
+        first = batch[0]
+    else:
+        return 1
+    shape = getattr(first, "shape", None)
+    if shape is not None:
+        return int(shape[0]) if len(shape) else 1
+    return len(first) if isinstance(first, list | tuple) else 1
+
+
+def _unbatched(batches: Iterator[Any], transform: Callable[[Any], Any] | None) -> Iterator[Any]:
+    for batch in batches:
+        for sample in split_batch(batch):
+            yield transform(sample) if transform is not None else sample
+
+
+def _move(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, VarTensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, dict):
+        return {k: _move(v, device) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_move(v, device) for v in value)
+    return value
+
+
+def _to_device(source: Iterator[Any], device: torch.device) -> Iterator[Any]:
+    """Copy each batch on a side stream while the loop computes on the previous one.
+
+    The host batch (a view of a pinned pool buffer) stays referenced until its copy has
+    finished, so the pool cannot hand its buffer out again while the GPU still reads it.
+    """
+    stream = torch.cuda.Stream(device=device)
+    pending: tuple[Any, torch.cuda.Event, Any] | None = None
+    try:
+        for host in source:
+            with torch.cuda.stream(stream):
+                moved = _move(host, device)
+                event = torch.cuda.Event()
+                event.record(stream)
+            if pending is not None:
+                yield _finish(pending)
+            pending = (moved, event, host)
+        if pending is not None:
+            yield _finish(pending)
+            pending = None
+    finally:
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()
+
+
+def _finish(pending: tuple[Any, torch.cuda.Event, Any]) -> Any:
+    moved, event, host = pending
+    torch.cuda.current_stream().wait_event(event)
+    event.synchronize()
+    del host
+    return moved
+
+
+def _serve_metrics(loader: DataLoader, port: int) -> Any:
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+        raise ConfigError(f"metrics_port must be a TCP port (0..65535), got {port!r}")
+    try:
+        from fastdata._metrics import serve_loader_metrics
+    except ImportError as exc:
+        raise ConfigError(
+            "metrics_port needs prometheus-client: pip install 'fastdata[metrics]'"
+        ) from exc
+    return serve_loader_metrics(loader, port)
