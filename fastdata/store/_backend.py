@@ -31,6 +31,8 @@ class Backend(abc.ABC):
     """``obstore`` or ``fsspec``."""
     secrets: tuple[str, ...] = ()
     """Credential strings to redact from every message."""
+    attempt_timeout_s: float | None = None
+    """The longest one request can take because the client itself times it out, if any."""
 
     def __init__(self, counters: Counters, resume_min_bytes: int) -> None:
         self.counters = counters

@@ -88,6 +88,8 @@ class ObstoreBackend(Backend):
         settings = obstore_s3_settings(bucket, prefix, storage_options, config)
         self.secrets = settings.secrets
         self.endpoint = settings.endpoint
+        # obstore's client `timeout` covers a whole request, connecting included.
+        self.attempt_timeout_s = config.request_timeout_s
         if _runtime_pid is None:
             _runtime_pid = os.getpid()  # NOTE[obstore-fork]: from here on, no forking
         self._store = S3Store(**settings.kwargs)

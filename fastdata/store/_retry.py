@@ -2,11 +2,12 @@
 
 NOTE[store-retry]: an operation gets at most ``max_attempts`` attempts and at most
 ``retry_budget_s`` seconds, counted from the start of its first attempt; an attempt still
-running when the budget ends is cancelled. Between attempts it sleeps a full-jitter
-backoff, ``uniform(0, min(backoff_max_s, backoff_base_s * 2**(retry - 1)))``, or the
-server's ``Retry-After`` when that is longer. A wait that would end past the budget is not
-taken: the operation raises ``StoreError`` at once, so a total outage fails within the
-budget. Permanent faults (404, 403, 412, other 4xx) raise on the first attempt. The
+running when the budget ends is cancelled (a first attempt that the client's own timeout
+already ends within the budget is left to that timeout). Between attempts it sleeps a
+full-jitter backoff, ``uniform(0, min(backoff_max_s, backoff_base_s * 2**(retry - 1)))``,
+or the server's ``Retry-After`` when that is longer. A wait that would end past the budget
+is not taken: the operation raises ``StoreError`` at once, so a total outage fails within
+the budget. Permanent faults (404, 403, 412, other 4xx) raise on the first attempt. The
 clients' own retries are switched off (obstore ``max_retries=0``; s3fs ``retries=1`` and
 botocore ``total_max_attempts=1``), so this policy is the only one that retries.
 """
@@ -115,9 +116,15 @@ class RetryEnv:
     """What the driver needs besides the attempt: policy, classifier, counters."""
 
     policy: RetryPolicy
+    """Attempts, budget and backoff."""
     classify: Callable[[BaseException], Failure]
+    """The backend's fault mapping."""
     counters: Counters
+    """Where attempts, retries and errors are counted."""
     rng: random.Random
+    """Jitter source."""
+    attempt_timeout_s: float | None = None
+    """The longest one attempt can take because the client itself times it out, if any."""
 
 
 async def retrying(attempt: Callable[[], Awaitable[T]], ctx: OpContext, env: RetryEnv) -> T:
@@ -136,6 +143,11 @@ async def retrying(attempt: Callable[[], Awaitable[T]], ctx: OpContext, env: Ret
         attempts += 1
         env.counters.enter()
         try:
+            bound = env.attempt_timeout_s
+            if bound is not None and attempts == 1 and started + bound <= deadline:
+                # The client's own timeout already ends this attempt within the budget,
+                # and an asyncio timer per request costs more than the rest of this loop.
+                return await attempt()
             async with asyncio.timeout_at(deadline):
                 return await attempt()
         except Exception as exc:

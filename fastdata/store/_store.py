@@ -19,58 +19,36 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 
 from fastdata.config import StoreConfig
 from fastdata.errors import ConfigError
 from fastdata.store import _obstore
+from fastdata.store._args import (
+    OBSTORE_PROTOCOLS,
+    BackendName,
+    check_items,
+    check_path,
+    check_requests,
+    choose_backend,
+)
 from fastdata.store._backend import Backend
 from fastdata.store._faults import OpContext
 from fastdata.store._fsspec import FsspecBackend
 from fastdata.store._job import ReadJob
 from fastdata.store._loop import LoopThread, process_loop
 from fastdata.store._retry import Counters, RetryEnv, RetryPolicy, retrying
-from fastdata.store._s3options import unsupported_options
 from fastdata.store._types import ByteRange, ObjectInfo, StoreStats, glob_to_regex
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-__all__ = ["Store", "choose_backend"]
+__all__ = ["Store"]
 
 log = logging.getLogger(__name__)
-BackendName = Literal["obstore", "fsspec"]
-_OBSTORE_PROTOCOLS = frozenset({"s3", "s3a"})
 _warned_fork_pid: int | None = None
-
-
-def choose_backend(protocol: str, backend: str, storage_options: Mapping[str, Any]) -> BackendName:
-    """The backend for a protocol and ``StoreConfig.backend``, before any fork is considered.
-
-    Raises:
-        ConfigError: ``backend="obstore"`` for a protocol or options obstore cannot serve.
-    """
-    if backend == "fsspec":
-        return "fsspec"
-    if protocol not in _OBSTORE_PROTOCOLS:
-        if backend == "obstore":
-            raise ConfigError(
-                f"backend='obstore' serves s3:// only, not {protocol}://; "
-                "use backend='auto' or 'fsspec'"
-            )
-        return "fsspec"
-    unsupported = unsupported_options(storage_options)
-    if not unsupported:
-        return "obstore"
-    if backend == "obstore":
-        raise ConfigError(
-            f"backend='obstore' cannot honour storage_options {unsupported}; remove them "
-            "or use backend='auto' (which then reads through s3fs)"
-        )
-    log.info("reading s3:// through s3fs: obstore cannot honour storage_options %s", unsupported)
-    return "fsspec"
 
 
 @dataclass
@@ -122,7 +100,7 @@ class Store:
                 f"unknown protocol {protocol!r} in store URL {url!r}: use s3://, file://, "
                 "memory:// or another protocol fsspec knows"
             )
-        if protocol in _OBSTORE_PROTOCOLS and not rest.strip("/"):
+        if protocol in OBSTORE_PROTOCOLS and not rest.strip("/"):
             raise ConfigError(f"store URL {url!r} names no bucket: use s3://bucket[/prefix]")
         self.url = url.rstrip("/") if sep and rest.strip("/") else url
         self.protocol = protocol
@@ -194,7 +172,11 @@ class Store:
             loop.run(fs_backend.open())
             backend = fs_backend
         env = RetryEnv(
-            RetryPolicy.from_config(self.config), backend.classify, counters, random.Random()
+            RetryPolicy.from_config(self.config),
+            backend.classify,
+            counters,
+            random.Random(),
+            backend.attempt_timeout_s,
         )
         weakref.finalize(self, _release, pid, loop, backend)
         return _Process(pid, loop, backend, counters, env)
@@ -271,7 +253,7 @@ class Store:
             ObjectNotFoundError: It does not exist.
             StoreError: Any other failure, after retries.
         """
-        _check_path(path, "info")
+        check_path(path, "info")
 
         async def run(proc: _Process) -> ObjectInfo:
             attempt = functools.partial(proc.backend.head, path)
@@ -294,7 +276,7 @@ class Store:
             AccessDeniedError: The store refused a read.
             StoreError: A read still failed after retries (NOTE[store-retry]).
         """
-        reqs = _check_requests(requests)
+        reqs = check_requests(requests)
         if not reqs:
             return []
 
@@ -323,7 +305,7 @@ class Store:
             ConfigError: ``items`` is not a sequence of ``(path, bytes-like)`` pairs.
             StoreError: A write still failed after retries.
         """
-        pairs = _check_items(items)
+        pairs = check_items(items)
 
         async def run(proc: _Process) -> None:
             it = iter(pairs)
@@ -348,7 +330,7 @@ class Store:
         if isinstance(paths, str | bytes) or not isinstance(paths, Sequence):
             raise ConfigError("delete_many takes a sequence of paths, not a single path")
         for path in paths:
-            _check_path(path, "delete_many")
+            check_path(path, "delete_many")
 
         async def run(proc: _Process) -> None:
             it = iter(paths)
@@ -411,42 +393,3 @@ async def _workers(worker: Callable[[], Awaitable[None]], n: int) -> None:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
-
-
-def _check_path(path: object, where: str) -> None:
-    if not isinstance(path, str) or not path or path.startswith("/"):
-        raise ConfigError(
-            f"{where}: object path must be a non-empty str relative to the store root "
-            f"(no leading '/'), got {path!r}"
-        )
-
-
-def _check_requests(requests: object) -> Sequence[ByteRange]:
-    if isinstance(requests, str | bytes) or not isinstance(requests, Sequence):
-        raise ConfigError(f"get_many takes a sequence of ByteRange, got {type(requests).__name__}")
-    for i, req in enumerate(requests):
-        if type(req) is not ByteRange:
-            raise ConfigError(f"get_many request {i} is a {type(req).__name__}, not a ByteRange")
-        if not req.path or req.path[0] == "/":
-            _check_path(req.path, f"get_many request {i}")
-    return requests
-
-
-def _check_items(items: object) -> list[tuple[str, Buffer]]:
-    if isinstance(items, str | bytes) or not isinstance(items, Sequence):
-        raise ConfigError(f"put_many takes a sequence of (path, data), got {type(items).__name__}")
-    out: list[tuple[str, Buffer]] = []
-    for i, item in enumerate(items):
-        if not isinstance(item, tuple) or len(item) != 2:
-            raise ConfigError(f"put_many item {i} must be a (path, data) pair, got {item!r:.80}")
-        path, data = item
-        _check_path(path, f"put_many item {i}")
-        try:
-            memoryview(data)
-        except TypeError as exc:
-            raise ConfigError(
-                f"put_many item {i} ({path!r}): data must support the buffer protocol "
-                f"(bytes, bytearray, memoryview), got {type(data).__name__}"
-            ) from exc
-        out.append((path, data))
-    return out

@@ -1,0 +1,292 @@
+"""The store's pure parts: retry policy and driver, fault mapping, message hygiene, request
+types, backend choice and argument checks. No server."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import random
+import time
+from typing import Any
+
+import pytest
+
+from fastdata.config import StoreConfig
+from fastdata.errors import (
+    AccessDeniedError,
+    ConfigError,
+    ObjectChangedError,
+    ObjectNotFoundError,
+    StoreError,
+)
+from fastdata.store import ByteRange, Store, StoreStats, glob_to_regex
+from fastdata.store._args import choose_backend
+from fastdata.store._faults import (
+    Failure,
+    FaultKind,
+    OpContext,
+    parse_retry_after,
+    sanitize,
+    status_kind,
+)
+from fastdata.store._retry import Counters, RetryEnv, RetryPolicy, retrying
+from fastdata.store._types import quote_etag, unquote_etag
+
+# -- retry policy ----------------------------------------------------------------------------
+
+
+def test_backoff_is_full_jitter_under_a_doubling_capped_ceiling() -> None:
+    policy = RetryPolicy(max_attempts=10, budget_s=60, base_s=0.1, max_s=1.0)
+    rng = random.Random(1)
+    for retry, ceiling in [(1, 0.1), (2, 0.2), (3, 0.4), (4, 0.8), (5, 1.0), (9, 1.0)]:
+        samples = [policy.backoff_s(retry, rng) for _ in range(2000)]
+        assert min(samples) >= 0.0
+        assert max(samples) <= ceiling
+        assert max(samples) > 0.9 * ceiling  # spread over the whole interval
+        assert min(samples) < 0.1 * ceiling
+
+
+def _env(policy: RetryPolicy, classify: Any = None) -> RetryEnv:
+    def default_classify(exc: BaseException) -> Failure:
+        if isinstance(exc, KeyError):
+            return Failure(FaultKind.NOT_FOUND, "gone")
+        return Failure(FaultKind.TRANSIENT, f"flaky: {exc}")
+
+    return RetryEnv(policy, classify or default_classify, Counters(), random.Random(0))
+
+
+class _Flaky:
+    """Fails ``failures`` times with ``exc``, then returns ``b"ok"``."""
+
+    def __init__(self, failures: int, exc: BaseException) -> None:
+        self.failures = failures
+        self.exc = exc
+        self.calls = 0
+
+    async def __call__(self) -> bytes:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise self.exc
+        return b"ok"
+
+
+CTX = OpContext("get", "s3://bucket/key", None)
+
+
+def test_transient_faults_are_retried_until_success() -> None:
+    env = _env(RetryPolicy(5, 10.0, 0.001, 0.002))
+    attempt = _Flaky(3, ConnectionResetError("reset"))
+    assert asyncio.run(retrying(attempt, CTX, env)) == b"ok"
+    stats = env.counters.snapshot("test")
+    assert (attempt.calls, stats.requests, stats.retries, stats.errors) == (4, 4, 3, 0)
+
+
+def test_permanent_faults_raise_the_typed_error_at_once() -> None:
+    env = _env(RetryPolicy(5, 10.0, 0.001, 0.002))
+    attempt = _Flaky(10, KeyError("x"))
+    with pytest.raises(ObjectNotFoundError, match="s3://bucket/key") as excinfo:
+        asyncio.run(retrying(attempt, CTX, env))
+    assert attempt.calls == 1
+    assert isinstance(excinfo.value.__cause__, KeyError)
+    assert env.counters.snapshot("t").errors == 1
+
+
+def test_exhausted_attempts_raise_store_error_naming_object_operation_attempts_cause() -> None:
+    env = _env(RetryPolicy(3, 10.0, 0.001, 0.002))
+    with pytest.raises(StoreError) as excinfo:
+        asyncio.run(retrying(_Flaky(10, TimeoutError("slow")), CTX, env))
+    message = str(excinfo.value)
+    assert type(excinfo.value) is StoreError
+    assert "get of s3://bucket/key" in message
+    assert "3 attempt(s)" in message
+    assert "flaky: slow" in message
+
+
+def test_a_retry_after_beyond_the_budget_gives_up_at_once() -> None:
+    def throttled(exc: BaseException) -> Failure:
+        return Failure(FaultKind.THROTTLED, "SlowDown", retry_after_s=30.0)
+
+    env = _env(RetryPolicy(10, 2.0, 0.001, 0.002), throttled)
+    started = time.monotonic()
+    with pytest.raises(StoreError, match="asked to wait 30 s"):
+        asyncio.run(retrying(_Flaky(10, OSError("503")), CTX, env))
+    assert time.monotonic() - started < 1.0
+    assert env.counters.snapshot("t").throttled == 1
+
+
+def test_a_retry_after_within_the_budget_is_waited_for() -> None:
+    def throttled(exc: BaseException) -> Failure:
+        return Failure(FaultKind.THROTTLED, "SlowDown", retry_after_s=0.3)
+
+    env = _env(RetryPolicy(10, 5.0, 0.001, 0.002), throttled)
+    started = time.monotonic()
+    assert asyncio.run(retrying(_Flaky(1, OSError("503")), CTX, env)) == b"ok"
+    assert time.monotonic() - started >= 0.3
+
+
+def test_an_attempt_still_running_when_the_budget_ends_is_cancelled() -> None:
+    async def hang() -> bytes:
+        await asyncio.sleep(30)
+        return b"never"
+
+    env = _env(RetryPolicy(10, 0.3, 0.001, 0.002))
+    started = time.monotonic()
+    with pytest.raises(StoreError, match="budget"):
+        asyncio.run(retrying(hang, CTX, env))
+    assert time.monotonic() - started < 1.0
+
+
+# -- fault mapping and messages ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "kind"),
+    [
+        (404, "NoSuchKey", FaultKind.NOT_FOUND),
+        (403, "AccessDenied", FaultKind.DENIED),
+        (401, "", FaultKind.DENIED),
+        (412, "PreconditionFailed", FaultKind.CHANGED),
+        (416, "InvalidRange", FaultKind.RANGE),
+        (429, "", FaultKind.THROTTLED),
+        (503, "SlowDown", FaultKind.THROTTLED),
+        (503, "", FaultKind.THROTTLED),
+        (503, "ServiceUnavailable", FaultKind.TRANSIENT),
+        (500, "InternalError", FaultKind.TRANSIENT),
+        (502, "", FaultKind.TRANSIENT),
+        (504, "", FaultKind.TRANSIENT),
+        (400, "InvalidArgument", FaultKind.PERMANENT),
+        (409, "", FaultKind.PERMANENT),
+    ],
+)
+def test_status_kind_maps_http_answers(status: int, code: str, kind: FaultKind) -> None:
+    assert status_kind(status, code) is kind
+
+
+def test_parse_retry_after_reads_seconds_and_http_dates() -> None:
+    assert parse_retry_after("3") == 3.0
+    assert parse_retry_after(" 1.5 ") == 1.5
+    assert parse_retry_after(None) is None
+    assert parse_retry_after("soon") is None
+    now = time.time()
+    date = email.utils.formatdate(now + 10, usegmt=True)
+    assert 8.0 <= (parse_retry_after(date, now=now) or 0) <= 11.0
+    assert parse_retry_after(email.utils.formatdate(now - 100, usegmt=True), now=now) == 0.0
+
+
+def test_sanitize_drops_queries_credentials_and_debug_dumps() -> None:
+    text = (
+        "Error performing GET http://h:1/b/k?X-Amz-Credential=AKID/x&X-Amz-Signature=abc in 1ms"
+        " - token=SECRETTOKEN key is AKIDEXAMPLE123\n\nDebug source:\nGeneric { secret }"
+    )
+    out = sanitize(text, ["AKIDEXAMPLE123"])
+    assert "X-Amz" not in out
+    assert "SECRETTOKEN" not in out
+    assert "AKIDEXAMPLE123" not in out
+    assert "Debug source" not in out
+    assert "\n" not in out
+    assert "http://h:1/b/k" in out
+    assert len(sanitize("x" * 5000)) == 300
+
+
+# -- request and value types -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"path": 3},
+        {"path": "k", "start": -1},
+        {"path": "k", "start": 1.5},
+        {"path": "k", "start": 10, "end": 5},
+        {"path": "k", "end": "9"},
+        {"path": "k", "etag": ""},
+        {"path": "k", "start": True},
+    ],
+)
+def test_byte_range_rejects_bad_bounds_with_config_error(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        ByteRange(**kwargs)
+
+
+def test_etags_are_unquoted_for_callers_and_quoted_for_if_match() -> None:
+    assert unquote_etag('"abc"') == "abc"
+    assert unquote_etag("abc") == "abc"
+    assert unquote_etag(None) is None
+    assert quote_etag("abc") == '"abc"'
+    assert quote_etag('"abc"') == '"abc"'
+    assert quote_etag('W/"abc"') == 'W/"abc"'
+
+
+@pytest.mark.parametrize(
+    ("pattern", "yes", "no"),
+    [
+        ("*.bin", ["a.bin"], ["d/a.bin", "a.binx"]),
+        ("**/*.bin", ["a.bin", "d/a.bin", "d/e/a.bin"], ["a.txt"]),
+        ("d/**", ["d/a", "d/e/f"], ["x/d/a"]),
+        ("?.txt", ["a.txt"], ["ab.txt", "/.txt"]),
+        ("[ab]*.txt", ["a1.txt", "b.txt"], ["c.txt"]),
+        ("[!ab]*.txt", ["c.txt"], ["a.txt"]),
+        ("a+b(1).txt", ["a+b(1).txt"], ["aab1.txt"]),
+    ],
+)
+def test_glob_to_regex(pattern: str, yes: list[str], no: list[str]) -> None:
+    regex = glob_to_regex(pattern)
+    assert all(regex.match(p) for p in yes)
+    assert not any(regex.match(p) for p in no)
+
+
+# -- backend choice and Store arguments ----------------------------------------------------------
+
+
+def test_auto_chooses_obstore_for_s3_and_fsspec_for_the_rest() -> None:
+    assert choose_backend("s3", "auto", {}) == "obstore"
+    assert choose_backend("s3", "auto", {"key": "k", "secret": "s"}) == "obstore"
+    assert choose_backend("file", "auto", {}) == "fsspec"
+    assert choose_backend("memory", "auto", {}) == "fsspec"
+    assert choose_backend("s3", "fsspec", {}) == "fsspec"
+
+
+def test_auto_uses_fsspec_when_obstore_cannot_honour_an_option() -> None:
+    options = {"s3_additional_kwargs": {"ServerSideEncryption": "AES256"}}
+    assert choose_backend("s3", "auto", options) == "fsspec"
+    with pytest.raises(ConfigError, match="s3_additional_kwargs"):
+        choose_backend("s3", "obstore", options)
+
+
+def test_backend_obstore_refuses_other_protocols() -> None:
+    with pytest.raises(ConfigError, match="s3:// only"):
+        Store("file:///tmp", config=StoreConfig(backend="obstore"))
+
+
+@pytest.mark.parametrize(
+    ("url", "kwargs"),
+    [
+        ("", {}),
+        ("   ", {}),
+        ("nosuchproto://x", {}),
+        ("s3://", {}),
+        ("s3:///", {}),
+        ("memory://x", {"storage_options": ["key"]}),
+        ("memory://x", {"config": {"backend": "fsspec"}}),
+    ],
+)
+def test_store_rejects_bad_arguments_with_config_error(url: str, kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        Store(url, **kwargs)
+
+
+def test_store_repr_and_stats_never_show_credentials() -> None:
+    store = Store(
+        "s3://bucket/prefix",
+        storage_options={"key": "AKIDSHOWNOWHERE", "secret": "VERY-SECRET-VALUE"},
+    )
+    text = repr(store) + str(store.stats())
+    assert "AKIDSHOWNOWHERE" not in text
+    assert "VERY-SECRET-VALUE" not in text
+    assert store.stats() == StoreStats(backend="obstore")
+
+
+def test_typed_errors_keep_their_builtin_parents() -> None:
+    assert issubclass(ObjectNotFoundError, FileNotFoundError)
+    assert issubclass(AccessDeniedError, PermissionError)
+    assert issubclass(ObjectChangedError, StoreError)
