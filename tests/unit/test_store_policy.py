@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from fastdata.config import StoreConfig
+from fastdata.config import FastdataConfig, StoreConfig
 from fastdata.errors import (
     AccessDeniedError,
     ConfigError,
@@ -290,3 +290,10 @@ def test_typed_errors_keep_their_builtin_parents() -> None:
     assert issubclass(ObjectNotFoundError, FileNotFoundError)
     assert issubclass(AccessDeniedError, PermissionError)
     assert issubclass(ObjectChangedError, StoreError)
+
+
+def test_resume_min_bytes_is_validated_and_read_from_the_environment() -> None:
+    with pytest.raises(ConfigError, match="resume_min_bytes"):
+        StoreConfig(resume_min_bytes=0)
+    config = FastdataConfig.from_env({"FASTDATA_STORE_RESUME_MIN_BYTES": "16MiB"})
+    assert config.store.resume_min_bytes == 16 * 1024**2
