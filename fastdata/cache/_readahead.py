@@ -12,9 +12,10 @@ reads them as large requests, all in flight together. A span is only advice: a w
 one costs a wasted read, never wrong data (the value still comes from LMDB and is
 verified), and anything that does not look like an overflow node is skipped.
 
-``auto`` mode does this only while the cache is cold: a batch whose gets took a major
-page fault switches it on; batches whose spans are all in the page cache (a
-``mincore`` of each span's last page) switch it off again.
+``auto`` mode does this only while the cache is cold: a probe of the first few values of
+a batch (``mincore`` of a middle page) or a batch whose gets took a major page fault
+switches it on; eight batches whose spans are all in the page cache (``mincore`` of each
+span's last page) switch it off again.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ _PGNO = struct.Struct("=Q")
 _F_BIGDATA = 0x01
 _PAGE_HEADER_BYTES = 16
 _CALM_BATCHES = 8
+_PROBES = 3
+_SKIP_PROBES = 64
 
 
 def _address(view: Any) -> int:
@@ -130,19 +133,35 @@ class Readahead:
         threads: Pool threads that look up spans and issue the advice.
     """
 
-    def __init__(self, mode: Literal["auto", "always", "never"], threads: int = 4) -> None:
+    def __init__(self, mode: Literal["auto", "always", "never"], threads: int = 8) -> None:
         self.mode = mode
         self.cold = mode == "always"
         self.threads = threads
         self._calm = 0
+        self._skip_probes = 0
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = 0
         self._lock = threading.Lock()
 
-    def before_gets(self, handle: Any, keys: Sequence[bytes]) -> int | None:
-        """Advise the batch's spans when cold; returns a fault count for :meth:`after_gets`."""
+    def before_gets(self, handle: Any, txn: Any, keys: Sequence[bytes]) -> int | None:
+        """Advise the batch's spans when cold; returns a fault count for :meth:`after_gets`.
+
+        While warm, the spans of the first few keys are probed first (their first pages
+        are read by the lookup anyway): a probe that finds a middle page out of memory
+        switches to cold mode before this batch's gets, not after.
+        """
         if self.mode == "never":
             return None
+        if not self.cold and self._skip_probes:
+            self._skip_probes -= 1
+        elif not self.cold:
+            probes = [s for s in value_spans(handle, txn, keys[:_PROBES]) if s is not None]
+            if not probes:
+                # Small values live in the leaf pages the lookup reads anyway.
+                self._skip_probes = _SKIP_PROBES
+            if any(not is_resident(handle, off, length // 2) for off, length in probes):
+                self.cold = True
+                self._calm = 0
         if self.cold:
             self.advise(handle, keys)
             return None
@@ -164,7 +183,7 @@ class Readahead:
         if len(parts) < 2:
             advised = _advise_part(handle, keys, skip_resident)
         else:
-            pool = self._executor()
+            pool = self.executor()
             advised = sum(
                 pool.map(_advise_part, [handle] * len(parts), parts, [skip_resident] * len(parts))
             )
@@ -174,7 +193,9 @@ class Readahead:
                 self.cold = False
         return advised
 
-    def _executor(self) -> ThreadPoolExecutor:
+    def executor(self) -> ThreadPoolExecutor:
+        """The pool threads of this process (created on first use); the tier also
+        verifies big batches on them."""
         with self._lock:
             if self._pool is None or self._pool_pid != os.getpid():
                 self._pool = ThreadPoolExecutor(

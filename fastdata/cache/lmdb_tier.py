@@ -60,17 +60,21 @@ _MAGIC = b"FDCE\x01\x00\x00\x00"
 _DS_PREFIX = b"ds/"
 _NAME_PREFIX = b"name/"
 _DS_STRUCT = struct.Struct("<QQQd")  # entries, value bytes, num_samples, last access
+_HEADER = struct.Struct("<8sQ16s16s")  # magic + version + reserved, length, key, fingerprint
 _STAMP_EVERY_S = 60.0
 _INODE_CHECK_S = 1.0
 _DELETE_BATCH = 20_000
 _FULL_RETRY_S = 300.0
 _SPLIT_DEPTH = 3
+#: Batches with at least this many record bytes are verified on the pool threads.
+_PARALLEL_VERIFY_BYTES = 8 * 1024**2
 _LIVE: weakref.WeakSet[LmdbTier] = weakref.WeakSet()
+_DATASET_OF = operator.itemgetter(slice(0, DATASET_ID_BYTES))
 
 
 def entry_header(key: bytes, fingerprint: bytes, record_nbytes: int) -> bytes:
     """The 48-byte header stored in front of a record."""
-    return _MAGIC + record_nbytes.to_bytes(8, "little") + key + fingerprint
+    return _HEADER.pack(_MAGIC, record_nbytes, key, fingerprint)
 
 
 class _Full(Exception):
@@ -267,7 +271,7 @@ class LmdbTier:
             misses=len(keys) - len(hits),
             stale=stale,
             corruptions=len(bad),
-            bytes_read=sum(len(b) for b in hits),
+            bytes_read=sum(map(len, hits)),
         )
         return Lease(buffers, _releaser(handle, txn, token))
 
@@ -284,28 +288,40 @@ class LmdbTier:
         fingerprints: Sequence[bytes],
     ) -> tuple[list[Any], int, list[int]]:
         # NOTE[lmdb-readahead]: when cold, ask for every value's pages before the gets.
-        faults = self._readahead.before_gets(handle, keys)
+        faults = self._readahead.before_gets(handle, txn, keys)
         views = list(map(txn.get, keys))
         self._readahead.after_gets(faults)
         buffers: list[Any] = [None] * len(keys)
         stale = 0
         bad: list[int] = []
+        pack = _HEADER.pack
         for i, view in enumerate(views):
             if view is None:
                 continue
             n = len(view) - HEADER_BYTES
-            if n >= 0 and view[:HEADER_BYTES] == entry_header(keys[i], fingerprints[i], n):
+            head = view[:HEADER_BYTES].tobytes()
+            if n >= 0 and head == pack(_MAGIC, n, keys[i], fingerprints[i]):
                 buffers[i] = view[HEADER_BYTES:]
-            elif n >= 0 and view[:32] == _MAGIC + n.to_bytes(8, "little") + keys[i]:
+            elif n >= 0 and head[:32] == pack(_MAGIC, n, keys[i], fingerprints[i])[:32]:
                 stale += 1
             else:
                 bad.append(i)
         if self.config.verify == "always":
-            found = [i for i, b in enumerate(buffers) if b is not None]
-            for j in record.verify_many([buffers[i] for i in found]):
-                buffers[found[j]] = None
-                bad.append(found[j])
+            bad.extend(self._verify(buffers))
+            for i in bad:
+                buffers[i] = None
         return buffers, stale, bad
+
+    def _verify(self, buffers: list[Any]) -> list[int]:
+        """Indices of found records whose checksum fails; big batches on the pool threads."""
+        found = [i for i, b in enumerate(buffers) if b is not None]
+        records = [buffers[i] for i in found]
+        if sum(map(len, records)) < _PARALLEL_VERIFY_BYTES or len(records) < 8:
+            return [found[j] for j in record.verify_many(records)]
+        step = self._readahead.threads
+        parts = [records[k::step] for k in range(step)]
+        results = self._readahead.executor().map(record.verify_many, parts)
+        return sorted(found[k + j * step] for k, bad in enumerate(results) for j in bad)
 
     def _drop_corrupt(self, handle: _env.EnvHandle, keys: list[bytes]) -> None:
         self._warn_once(
@@ -445,7 +461,10 @@ class LmdbTier:
             for _, nbytes, old in todo
         ]
         in_use, room, tree_pages = self._room(handle, txn)
-        wanted = in_use + sum(c for c in costs if c > 0) + (handle.map_size - in_use - room)
+        copies = psize * min(len(todo), tree_pages)
+        wanted = (
+            in_use + sum(c for c in costs if c > 0) + copies + (handle.map_size - in_use - room)
+        )
         if grow and wanted > handle.map_size and handle.map_size < handle.budget_map_bytes:
             raise _Full(wanted)
         # Each record may copy one more leaf page, until every leaf is copied.
@@ -600,7 +619,7 @@ class LmdbTier:
     def _stamp(self, handle: _env.EnvHandle, keys: Sequence[bytes]) -> None:
         """Record (at most once a minute per dataset) that this process reads a dataset."""
         now = self._clock()
-        seen = {k[:DATASET_ID_BYTES] for k in keys}
+        seen = set(map(_DATASET_OF, keys))
         for d in seen:
             self._active[d] = now
         due = [d for d in seen if now - self._stamped.get(d, -1e18) > _STAMP_EVERY_S]

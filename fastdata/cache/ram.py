@@ -8,6 +8,10 @@ The tier follows the admission rule of :mod:`fastdata.cache.policy`: admit while
 is room; once full, evict only whole idle datasets, or resident keys outside the hinted
 window to make room for keys inside it. Never LRU churn.
 
+With ``verify="always"`` a record's checksum is checked when it enters the tier, not on
+every read: an entry is an immutable ``bytes`` object private to this process (no other
+process, no disk and no writer can change it), so a read hands it out as admitted.
+
 NOTE[ram-fork]: a lock held by another thread at ``fork()`` stays locked in the child
 forever, and a half-finished update would leave the accounting wrong. Every RamTier is
 therefore emptied in a forked child (new lock, new counters); the child refills it.
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 import os
 import threading
 import time
@@ -49,14 +54,16 @@ ENTRY_OVERHEAD_BYTES = 256
 _MAX_HINT_KEYS = 1 << 17
 
 _LIVE: weakref.WeakSet[RamTier] = weakref.WeakSet()
+_DATASET_OF = operator.itemgetter(slice(0, DATASET_ID_BYTES))
 
 
 class RamTier:
     """An in-process tier bounded by ``config.ram_bytes`` (records plus per-entry overhead).
 
     Args:
-        config: Cache settings; ``ram_bytes`` is the budget, ``verify`` says whether reads
-            check record checksums, ``idle_dataset_s`` when a whole dataset may go.
+        config: Cache settings; ``ram_bytes`` is the budget, ``verify`` says whether
+            records are checked as they enter, ``idle_dataset_s`` when a whole dataset
+            may go.
         clock: Wall-clock source (``time.time``); tests pass a fake.
 
     Raises:
@@ -106,52 +113,43 @@ class RamTier:
         """
         started = time.perf_counter()
         check_keys(keys, fingerprints)
-        buffers: list[Any] = [None] * len(keys)
-        stale = 0
-        entries = self._entries
         with self._lock:
-            for i, key in enumerate(keys):
-                entry = entries.get(key)
-                if entry is None:
-                    continue
-                if entry[0] == fingerprints[i]:
-                    buffers[i] = entry[1]
-                else:
-                    stale += 1
-            self._touch({key[:DATASET_ID_BYTES] for key in keys})
+            found = list(map(self._entries.get, keys))
+            self._touch(set(map(_DATASET_OF, keys)))
             if self._window:
                 for key in keys:
                     self._window.pop(key, None)
-        corrupt = self._drop_corrupt(keys, buffers) if self.config.verify == "always" else 0
-        hits = sum(1 for b in buffers if b is not None)
+        buffers: list[Any] = [
+            e[1] if e is not None and e[0] == fp else None
+            for e, fp in zip(found, fingerprints, strict=True)
+        ]
+        hits = [b for b in buffers if b is not None]
+        stale = sum(e is not None for e in found) - len(hits)
         self._stats.record_call(
             "get",
             started,
-            hits=hits,
-            misses=len(keys) - hits,
+            hits=len(hits),
+            misses=len(keys) - len(hits),
             stale=stale,
-            corruptions=corrupt,
-            bytes_read=sum(len(b) for b in buffers if b is not None),
+            bytes_read=sum(map(len, hits)),
         )
         return Lease(buffers)
 
-    def _drop_corrupt(self, keys: Sequence[bytes], buffers: list[Any]) -> int:
-        found = [i for i, b in enumerate(buffers) if b is not None]
-        if not found:
-            return 0
-        bad = record.verify_many([buffers[i] for i in found])
-        for j in bad:
-            i = found[j]
-            buffers[i] = None
-            self.evict([keys[i]])
+    def _reject_corrupt(self, items: list[CacheItem]) -> list[bool]:
+        """Check the records about to enter RAM; returns one ``ok`` flag per item."""
+        if self.config.verify != "always" or not items:
+            return [True] * len(items)
+        bad = set(record.verify_many([it.record for it in items]))
+        if bad:
+            self._stats.add(corruptions=len(bad))
             if not self._warned_corrupt:
                 self._warned_corrupt = True
                 _log.warning(
-                    "RAM cache entry %s failed its checksum; dropped it and will refetch "
-                    "(further corruptions are counted in stats().corruptions)",
-                    keys[i].hex(),
+                    "record for RAM cache key %s failed its checksum; not cached (further "
+                    "ones are counted in stats().corruptions)",
+                    items[min(bad)].key.hex(),
                 )
-        return len(bad)
+        return [j not in bad for j in range(len(items))]
 
     def _touch(self, dataset_ids: set[bytes]) -> None:
         now = self._clock()
@@ -167,13 +165,13 @@ class RamTier:
             How many items are now resident (new, replaced or already present).
         """
         started = time.perf_counter()
-        offered = [it for it in items if isinstance(it, CacheItem)]
-        if len(offered) != len(items):
+        if not all(isinstance(it, CacheItem) for it in items):
             raise ConfigError("RamTier.put_many takes a sequence of CacheItem")
+        offered = list({it.key: it for it in items}.values())
         with self._lock:
             admitted, written = self._admit(offered)
         self._stats.record_call(
-            "put", started, rejections=len(items) - admitted, bytes_written=written
+            "put", started, rejections=len(offered) - admitted, bytes_written=written
         )
         return admitted
 
@@ -193,6 +191,9 @@ class RamTier:
         rejected = [i for i, ok in enumerate(flags) if not ok]
         if rejected:
             flags = self._make_room(todo, deltas, flags, rejected)
+        admitted = [it for it, ok in zip(todo, flags, strict=True) if ok]
+        sound = iter(self._reject_corrupt(admitted))
+        flags = [ok and next(sound) for ok in flags]
         written = 0
         for item, delta, ok in zip(todo, deltas, flags, strict=True):
             if ok:

@@ -72,14 +72,15 @@ def check_keys(keys: Sequence[bytes], fingerprints: Sequence[bytes]) -> None:
             f"get_many got {len(keys)} keys but {len(fingerprints)} fingerprints; "
             "pass one fingerprint per key"
         )
-    for key, fingerprint in zip(keys, fingerprints, strict=True):
-        if type(key) is not bytes or len(key) != KEY_BYTES:
-            raise ConfigError(f"cache key must be {KEY_BYTES} bytes, got {key!r}")
-        if type(fingerprint) is not bytes or len(fingerprint) != FINGERPRINT_BYTES:
-            raise ConfigError(
-                f"fingerprint of key {key.hex()} must be {FINGERPRINT_BYTES} bytes, "
-                f"got {fingerprint!r}"
-            )
+    # Set-of-types and set-of-lengths run in C; the per-item loop only names the culprit.
+    for what, items, size in (
+        ("key", keys, KEY_BYTES),
+        ("fingerprint", fingerprints, FINGERPRINT_BYTES),
+    ):
+        if set(map(type, items)) <= {bytes} and set(map(len, items)) <= {size}:
+            continue
+        bad = next(x for x in items if type(x) is not bytes or len(x) != size)
+        raise ConfigError(f"cache {what} must be {size} bytes, got {bad!r}")
 
 
 @dataclass(frozen=True, slots=True)

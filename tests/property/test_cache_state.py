@@ -69,15 +69,18 @@ class CacheMachine(RuleBasedStateMachine):
 
     @rule(sample_id=st.integers(0, SAMPLES - 1), which=st.sampled_from(["ram", "lmdb"]))
     def corrupt_entry(self, sample_id: int, which: str) -> None:
-        # A record that fails its checksum, stored under the current fingerprint where
-        # the next read of this sample will find it first.
+        # A record that fails its checksum, offered under the current fingerprint where
+        # the next read of this sample would find it first.
         key = make_key(DATASET, sample_id)
         bad = CacheItem(
             key, fingerprint(sample_id, self.model[sample_id]), corrupt_record(sample_id)
         )
         if which == "ram":
+            # The RAM tier checks records as they enter: a bad one never becomes an entry.
             self.ram.clear()
-            assert self.ram.put_many([bad]) == 1
+            before = self.ram.stats().corruptions
+            assert self.ram.put_many([bad]) == 0
+            assert self.ram.stats().corruptions == before + 1
         else:
             self.ram.evict([key])
             self.lmdb.evict([key])
