@@ -35,7 +35,7 @@ import lmdb
 
 from fastdata import record
 from fastdata.cache import _env
-from fastdata.cache._readahead import Readahead
+from fastdata.cache._readahead import Readahead, value_spans
 from fastdata.cache.policy import DatasetUsage, choose_admitted, idle_victims
 from fastdata.cache.tier import (
     DATASET_ID_BYTES,
@@ -345,6 +345,64 @@ class LmdbTier:
         if n < 0 or value[:32] != _MAGIC + n.to_bytes(8, "little") + key:
             return False
         return not record.verify_many([value[HEADER_BYTES:]])
+
+    def contains_many(self, keys: Sequence[bytes], fingerprints: Sequence[bytes]) -> list[bool]:
+        """Which keys hold an entry for their fingerprint, without reading the records.
+
+        Only each entry's 48-byte header is compared (key, length, fingerprint): a small
+        value is read from its leaf page, a large one by one ``pread`` of its first
+        overflow page (its place found as in NOTE[lmdb-readahead]), so checking a whole
+        warm dataset costs about one page per entry, not every record byte. The record
+        checksum is not verified here: a corrupt record counts as present until a
+        ``get_many`` drops and refetches it. Nothing is counted in ``stats()``.
+
+        Returns:
+            One bool per key; all ``False`` when the cache cannot be read.
+
+        Raises:
+            ConfigError: Keys and fingerprints differ in number or are not 16 bytes.
+        """
+        check_keys(keys, fingerprints)
+        handle = self._get_handle()
+        if handle is None or not keys:
+            return [False] * len(keys)
+        for attempt in (0, 1):
+            try:
+                with handle.shared(), handle.env.begin(db=handle.records, buffers=True) as txn:
+                    return self._headers_match(handle, txn, keys, fingerprints)
+            except (lmdb.MapResizedError, lmdb.ReadersFullError) as exc:
+                if attempt or not self._recover_begin(handle, exc):
+                    break
+            except lmdb.Error as exc:
+                self._structural_fault(handle, exc)
+                break
+        return [False] * len(keys)
+
+    def _headers_match(
+        self,
+        handle: _env.EnvHandle,
+        txn: Any,
+        keys: Sequence[bytes],
+        fingerprints: Sequence[bytes],
+    ) -> list[bool]:
+        pack = _HEADER.pack
+        out: list[bool] = []
+        for key, fingerprint, span in zip(
+            keys, fingerprints, value_spans(handle, txn, keys), strict=True
+        ):
+            if span is not None:
+                head = os.pread(handle.data_fd, HEADER_BYTES, span[0])
+                n = span[1] - HEADER_BYTES
+            else:
+                # Missing, or a small value inside the leaf page the lookup reads anyway.
+                value = txn.get(key)
+                if value is None:
+                    out.append(False)
+                    continue
+                n = len(value) - HEADER_BYTES
+                head = bytes(value[:HEADER_BYTES])
+            out.append(n >= 0 and head == pack(_MAGIC, n, key, fingerprint))
+        return out
 
     def hint(self, upcoming_keys: Sequence[bytes]) -> None:
         """Start reading the pages of upcoming keys into the page cache (cold cache only).
