@@ -339,20 +339,20 @@ class Dataset(IterableDataset):  # type: ignore[type-arg]
         return batch
 
     def _make_fetch(
-        self, collate_fn: Callable[[list[Any]], Any] | None
+        self, collate_fn: Callable[[list[Any]], Any] | None, *, unbatch: bool
     ) -> Callable[[np.ndarray], Any]:
         transform = self.transform
-        if transform is None and collate_fn is None:
+        if transform is None and collate_fn is None and not unbatch:
             return self.fetch_batch
-        collate = collate_fn or torch.utils.data.default_collate
 
-        def fetch(sample_ids: np.ndarray) -> Any:
+        def samples_of(sample_ids: np.ndarray) -> list[Any]:
             samples = split_batch(self.fetch_batch(sample_ids))
-            if transform is not None:
-                samples = [transform(s) for s in samples]
-            return collate(samples)
+            return [transform(s) for s in samples] if transform is not None else samples
 
-        return fetch
+        if unbatch:
+            return samples_of
+        collate = collate_fn or torch.utils.data.default_collate
+        return lambda sample_ids: collate(samples_of(sample_ids))
 
     def prefetch(
         self,
@@ -361,6 +361,7 @@ class Dataset(IterableDataset):  # type: ignore[type-arg]
         worker_id: int = 0,
         num_workers: int = 1,
         collate_fn: Callable[[list[Any]], Any] | None = None,
+        unbatch: bool = False,
     ) -> Prefetcher[np.ndarray, Any]:
         """Start background threads that fetch one consumer's batches of an epoch plan.
 
@@ -370,9 +371,12 @@ class Dataset(IterableDataset):  # type: ignore[type-arg]
             num_workers: Workers of the rank (1 without worker processes).
             collate_fn: Turns a list of (transformed) samples into a batch; used when the
                 dataset has a ``transform`` or when given (default: torch's default_collate).
+            unbatch: Deliver each planned batch as a list of single (transformed) samples
+                instead of collating it.
 
         Returns:
-            An iterator of batches in plan order; close it (or use ``with``) to stop early.
+            An iterator of batches (or sample lists) in plan order; close it (or use
+            ``with``) to stop early. Transforms and collation run in the background threads.
         """
         runtime = self.runtime()
 
@@ -381,7 +385,7 @@ class Dataset(IterableDataset):  # type: ignore[type-arg]
 
         return Prefetcher(
             plan.batches_for_worker(worker_id, num_workers),
-            self._make_fetch(collate_fn),
+            self._make_fetch(collate_fn, unbatch=unbatch),
             config=self.config.prefetch,
             hint=hint,
         )
@@ -392,10 +396,11 @@ class Dataset(IterableDataset):  # type: ignore[type-arg]
         info = get_worker_info()
         worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         plan = EpochPlan(self.order(self.epoch), world_size=world_size, rank=rank)
-        with self.prefetch(plan, worker_id=worker_id, num_workers=num_workers) as batches:
-            for batch in batches:
-                for sample in split_batch(batch):
-                    yield self.transform(sample) if self.transform is not None else sample
+        with self.prefetch(
+            plan, worker_id=worker_id, num_workers=num_workers, unbatch=True
+        ) as sample_lists:
+            for samples in sample_lists:
+                yield from samples
 
 
 def distributed_world() -> tuple[int, int]:

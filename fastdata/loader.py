@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from fastdata.dataset import Dataset, VarTensor, distributed_world, split_batch
+from fastdata.dataset import Dataset, VarTensor, distributed_world
 from fastdata.errors import ConfigError
 from fastdata.plan import EpochPlan, PlanConfig, PlanState
 
@@ -91,8 +91,10 @@ class _WorkerStream(IterableDataset):  # type: ignore[type-arg]
         cursor: int,
         world: tuple[int, int],
         collate_fn: Callable[[list[Any]], Any] | None,
+        unbatch: bool,
     ) -> None:
         self.dataset = dataset
+        self.unbatch = unbatch
         self.plan_config = plan_config
         self.epoch = epoch
         self.cursor = cursor
@@ -112,9 +114,13 @@ class _WorkerStream(IterableDataset):  # type: ignore[type-arg]
             cursor=cursor,
         )
         with self.dataset.prefetch(
-            plan, worker_id=worker_id, num_workers=num_workers, collate_fn=self.collate_fn
+            plan,
+            worker_id=worker_id,
+            num_workers=num_workers,
+            collate_fn=self.collate_fn,
+            unbatch=self.unbatch,
         ) as batches:
-            yield from batches
+            yield from _flatten(batches) if self.unbatch else batches
 
 
 class DataLoader:
@@ -286,7 +292,8 @@ class DataLoader:
                 epoch=epoch,
                 cursor=cursor,
                 world=(self.world_size, self.rank),
-                collate_fn=self._effective_collate(),
+                collate_fn=self.collate_fn,
+                unbatch=self.batch_size is None,
             )
             kwargs = {k: v for k, v in self._torch_kwargs.items() if v is not None}
             loader = torch.utils.data.DataLoader(
@@ -299,21 +306,11 @@ class DataLoader:
             self._worker_loader = loader
         return iter(loader)
 
-    def _effective_collate(self) -> Callable[[list[Any]], Any] | None:
-        if (
-            self.collate_fn is None
-            and self.dataset.transform is None
-            and self.batch_size is not None
-        ):
-            return None
-        return self.collate_fn
-
     def _thread_batches(self, plan: EpochPlan) -> Iterator[Any]:
-        prefetcher = self.dataset.prefetch(plan, collate_fn=self._effective_collate())
+        unbatch = self.batch_size is None
+        prefetcher = self.dataset.prefetch(plan, collate_fn=self.collate_fn, unbatch=unbatch)
         self._prefetcher = prefetcher
-        if self.batch_size is None:
-            return _unbatched(prefetcher, self.dataset.transform)
-        return prefetcher
+        return _flatten(prefetcher) if unbatch else prefetcher
 
     def _timed(self, source: Iterator[Any]) -> Iterator[Any]:
         self._started_s = time.perf_counter()
@@ -530,10 +527,14 @@ def _batch_len(batch: Any) -> int:
     return len(first) if isinstance(first, list | tuple) else 1
 
 
-def _unbatched(batches: Iterator[Any], transform: Callable[[Any], Any] | None) -> Iterator[Any]:
-    for batch in batches:
-        for sample in split_batch(batch):
-            yield transform(sample) if transform is not None else sample
+def _flatten(sample_lists: Iterator[list[Any]]) -> Iterator[Any]:
+    try:
+        for samples in sample_lists:
+            yield from samples
+    finally:
+        close = getattr(sample_lists, "close", None)
+        if close is not None:
+            close()
 
 
 def _move(value: Any, device: torch.device) -> Any:

@@ -136,9 +136,11 @@ class SeaweedServer:
 
     def _try_start(self, attempt: int) -> bool:
         assert self.data_dir is not None
-        ports = [free_port() for _ in range(7)]
+        # Every gRPC port is set explicitly: weed's default is the HTTP port + 10000,
+        # which is not a valid port when the free HTTP port is above 55535.
+        ports = [free_port() for _ in range(8)]
         self.s3_port = ports[0]
-        master, volume, filer, master_grpc, volume_grpc, filer_grpc = ports[1:]
+        master, volume, filer, master_grpc, volume_grpc, filer_grpc, s3_grpc = ports[1:]
         volume_dir = self.data_dir / f"run{attempt}"
         volume_dir.mkdir(exist_ok=True)
         self._log_path = self.data_dir / f"weed{attempt}.log"
@@ -148,6 +150,7 @@ class SeaweedServer:
             f"-dir={volume_dir}",
             "-s3",
             f"-s3.port={self.s3_port}",
+            f"-s3.port.grpc={s3_grpc}",
             f"-master.port={master}",
             f"-master.port.grpc={master_grpc}",
             f"-volume.port={volume}",
