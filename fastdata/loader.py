@@ -19,6 +19,8 @@ epoch at exactly the next sample. A batch counts as consumed when it is handed o
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import pickle
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -130,7 +132,9 @@ class DataLoader:
     dataset's setting; ``generator`` seeds the shuffle; ``sampler`` and
     ``batch_sampler`` are refused (the epoch plan decides the order);
     ``timeout``, ``worker_init_fn``, ``multiprocessing_context``, ``prefetch_factor``,
-    ``persistent_workers`` and ``in_order`` apply to worker processes. A batch is a dict
+    ``persistent_workers`` and ``in_order`` apply to worker processes (the default start
+    method is ``forkserver`` when the dataset, transform and callables pickle, else
+    torch's default). A batch is a dict
     ``field -> Tensor`` (fixed shapes stacked) or ``VarTensor`` (variable-length), plus
     ``"__id__"``; with ``collate_fn`` or a dataset ``transform``, whatever ``collate_fn``
     returns for the list of samples.
@@ -296,6 +300,7 @@ class DataLoader:
                 unbatch=self.batch_size is None,
             )
             kwargs = {k: v for k, v in self._torch_kwargs.items() if v is not None}
+            kwargs.setdefault("multiprocessing_context", _worker_context(stream, kwargs))
             loader = torch.utils.data.DataLoader(
                 stream,
                 batch_size=None,
@@ -499,6 +504,21 @@ def _check_args(
         raise ConfigError(f"collate_fn must be callable, got {collate_fn!r}")
     if not isinstance(drop_last, bool):
         raise ConfigError(f"drop_last must be True or False, got {drop_last!r}")
+
+
+def _worker_context(stream: _WorkerStream, kwargs: dict[str, Any]) -> str | None:
+    """``forkserver`` when everything the workers need pickles, else torch's default.
+
+    obstore's runtime does not survive a fork once it has run in the parent (the index
+    was listed with it), so forked workers fall back to s3fs at several times the CPU per
+    request (docs/store.md). A forkserver child starts clean; it needs the dataset, the
+    transform, ``collate_fn`` and ``worker_init_fn`` to pickle, which lambdas do not.
+    """
+    try:
+        pickle.dumps((stream, kwargs.get("worker_init_fn")))
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return None
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else None
 
 
 def _check_device(device: str | torch.device | None) -> torch.device | None:

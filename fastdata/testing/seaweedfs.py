@@ -164,8 +164,10 @@ class SeaweedServer:
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
             "-master.telemetry=false",
-            "-master.volumeSizeLimitMB=1024",
-            "-volume.max=0",
+            # Each bucket is a collection that grows its own volumes: allow many small
+            # ones, so a test session can create dozens of buckets.
+            "-master.volumeSizeLimitMB=256",
+            "-volume.max=1000",
         ]
         with open(self._log_path, "wb") as log:
             self.process = subprocess.Popen(
