@@ -25,13 +25,13 @@ import os
 import resource
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["Readahead", "is_resident", "value_spans"]
+__all__ = ["Readahead", "is_resident", "iter_value_spans", "value_spans"]
 
 _NODE = struct.Struct("=HHHH")  # mn_lo, mn_hi (data size), mn_flags, mn_ksize
 _PGNO = struct.Struct("=Q")
@@ -47,23 +47,28 @@ def _address(view: Any) -> int:
 
 
 def value_spans(handle: Any, txn: Any, keys: Sequence[bytes]) -> list[tuple[int, int] | None]:
-    """File ``(offset, length)`` of each key's value, or ``None`` when unknown.
+    """File ``(offset, length)`` of each key's value, or ``None`` when unknown."""
+    return list(iter_value_spans(handle, txn, keys))
 
-    Reads only leaf pages (which the lookup needs anyway), never the values.
-    NOTE[lmdb-readahead].
+
+def iter_value_spans(
+    handle: Any, txn: Any, keys: Sequence[bytes]
+) -> Iterator[tuple[int, int] | None]:
+    """Yield each key's value span as soon as it is known (NOTE[lmdb-readahead]).
+
+    Reads leaf pages, and of each value only its first page (LMDB reads it on lookup).
     """
     if not handle.map_base or handle.lib_major != 0:
-        return [None] * len(keys)
+        yield from [None] * len(keys)
+        return
     file_bytes = os.fstat(handle.data_fd).st_size
     cursor = txn.cursor(db=handle.records)
-    spans: list[tuple[int, int] | None] = []
     for key in keys:
         if not cursor.set_key(key):
-            spans.append(None)
+            yield None
             continue
         at = _address(cursor.key()) - handle.map_base
-        spans.append(_span_at(handle, at, len(key), file_bytes))
-    return spans
+        yield _span_at(handle, at, len(key), file_bytes)
 
 
 def _span_at(handle: Any, key_offset: int, key_len: int, file_bytes: int) -> tuple[int, int] | None:
@@ -110,9 +115,11 @@ def _major_faults() -> int:
 
 def _advise_part(handle: Any, keys: Sequence[bytes], skip_resident: bool) -> int:
     # Runs on a pool thread with its own read transaction; the caller holds the gate
-    # shared until every part is done (NOTE[lmdb-gate] in _env.py).
+    # shared until every part is done (NOTE[lmdb-gate] in _env.py). All spans first, then
+    # the advice: a span lookup waits for one small page read, which would otherwise
+    # queue behind the large reads the advice starts (measured a few percent faster).
     with handle.env.begin(db=handle.records, buffers=True) as txn:
-        spans = [s for s in value_spans(handle, txn, keys) if s is not None]
+        spans = [s for s in iter_value_spans(handle, txn, keys) if s is not None]
     if skip_resident:
         spans = [s for s in spans if not is_resident(handle, s[0], s[1])]
     for offset, length in spans:
