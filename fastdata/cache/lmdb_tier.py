@@ -50,7 +50,7 @@ from fastdata.cache.tier import (
 from fastdata.config import CacheConfig
 from fastdata.errors import ConfigError
 
-__all__ = ["HEADER_BYTES", "LmdbTier", "entry_header"]
+__all__ = ["HEADER_BYTES", "NODE_COUNTERS", "LmdbTier", "entry_header"]
 
 _log = logging.getLogger(__name__)
 
@@ -60,6 +60,19 @@ _MAGIC = b"FDCE\x01\x00\x00\x00"
 _DS_PREFIX = b"ds/"
 _NAME_PREFIX = b"name/"
 _DS_STRUCT = struct.Struct("<QQQd")  # entries, value bytes, num_samples, last access
+_COUNTERS_KEY = b"counters"
+#: Event counters kept node-wide in the meta database (NOTE[lmdb-node-counters]).
+NODE_COUNTERS = (
+    "hits",
+    "misses",
+    "stale",
+    "corruptions",
+    "rejections",
+    "evictions",
+    "bytes_read",
+    "bytes_written",
+)
+_COUNTERS_STRUCT = struct.Struct(f"<{len(NODE_COUNTERS)}Q")
 _HEADER = struct.Struct("<8sQ16s16s")  # magic + version + reserved, length, key, fingerprint
 _STAMP_EVERY_S = 60.0
 _INODE_CHECK_S = 1.0
@@ -127,6 +140,8 @@ class LmdbTier:
         self._active: dict[bytes, float] = {}
         self._full_mark: tuple[int, float] | None = None
         self._readahead = Readahead(self.config.page_readahead)
+        self._flush_lock = threading.Lock()
+        self._flushed = dict.fromkeys(NODE_COUNTERS, 0)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"config": self.config}
@@ -686,10 +701,65 @@ class LmdbTier:
         for d in due:
             self._stamped[d] = now
         try:
-            with handle.shared(), handle.env.begin(write=True) as txn:
-                self._update_meta(handle, txn, {d: [0, 0] for d in due})
+            with self._flush_lock:
+                with handle.shared(), handle.env.begin(write=True) as txn:
+                    self._update_meta(handle, txn, {d: [0, 0] for d in due})
+                    flushed = self._add_node_counters(handle, txn)
+                self._flushed = flushed
         except lmdb.Error as exc:
             self._pause_writes(f"{type(exc).__name__}: {exc}")
+
+    def _add_node_counters(self, handle: _env.EnvHandle, txn: Any) -> dict[str, int]:
+        """Add this process's unsaved counts to the node-wide ones (call under
+        ``_flush_lock``; NOTE[lmdb-node-counters]). Returns the counts now saved."""
+        snap = self._stats.snapshot()
+        current = {name: getattr(snap, name) for name in NODE_COUNTERS}
+        deltas = [current[name] - self._flushed[name] for name in NODE_COUNTERS]
+        if any(deltas):
+            old = txn.get(_COUNTERS_KEY, db=handle.meta)
+            saved = _node_counts(old)
+            total = [max(0, a + b) for a, b in zip(saved, deltas, strict=True)]
+            txn.put(_COUNTERS_KEY, _COUNTERS_STRUCT.pack(*total), db=handle.meta)
+        return current
+
+    def _flush_node_counters(self, handle: _env.EnvHandle) -> None:
+        if time.monotonic() < self._writes_retry_at or not handle.is_current():
+            return
+        try:
+            with self._flush_lock:
+                snap = self._stats.snapshot()
+                if all(getattr(snap, n) == self._flushed[n] for n in NODE_COUNTERS):
+                    return
+                with handle.shared(), handle.env.begin(write=True) as txn:
+                    flushed = self._add_node_counters(handle, txn)
+                self._flushed = flushed
+        except lmdb.Error as exc:
+            _log.debug("could not save the node counters of %s: %s", self.root, exc)
+
+    def node_counters(self) -> dict[str, int]:
+        """Event counters of every process on the node, this one's unsaved counts included.
+
+        NOTE[lmdb-node-counters]: each process adds its counts (``NODE_COUNTERS``) to one
+        record of the meta database when it stamps a dataset it reads (at most once a
+        minute) and when it closes the tier. A process killed without closing loses at
+        most its last minute of counts. ``fastdata stats`` shows these.
+
+        Returns:
+            ``{name: count}`` for each of ``NODE_COUNTERS`` (zeros when unreadable).
+        """
+        saved = (0,) * len(NODE_COUNTERS)
+        handle = self._get_handle()
+        if handle is not None:
+            try:
+                with handle.shared(), handle.env.begin(db=handle.meta) as txn:
+                    saved = _node_counts(txn.get(_COUNTERS_KEY))
+            except lmdb.Error as exc:
+                _log.debug("node counters of %s unreadable: %s", self.root, exc)
+        snap = self._stats.snapshot()
+        return {
+            name: value + getattr(snap, name) - self._flushed[name]
+            for name, value in zip(NODE_COUNTERS, saved, strict=True)
+        }
 
     # -- datasets, stats, lifecycle -------------------------------------------------------
 
@@ -798,6 +868,7 @@ class LmdbTier:
             handle, self._handle = self._handle, None
         self._readahead.close()
         if handle is not None and handle.pid == os.getpid():
+            self._flush_node_counters(handle)
             _env.release(handle)
 
     def __enter__(self) -> LmdbTier:
@@ -818,6 +889,12 @@ def _releaser(handle: _env.EnvHandle, txn: Any, token: list[int]) -> Callable[[]
             handle.gate.release_shared(token)
 
     return release
+
+
+def _node_counts(value: Any) -> tuple[int, ...]:
+    if value is None or len(value) != _COUNTERS_STRUCT.size:
+        return (0,) * len(NODE_COUNTERS)
+    return _COUNTERS_STRUCT.unpack(bytes(value))
 
 
 def _cost(value_len: int, psize: int) -> int:
