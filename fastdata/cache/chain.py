@@ -12,6 +12,17 @@ first one fetches it (it "owns" the flight) and the others wait for its result. 
 fetches its own keys before it waits for anyone else's, so waits never form a cycle. If
 the owner's fetch fails, each waiter fetches the key itself, so every caller sees its
 own error, with its own traceback.
+
+NOTE[chain-writeback]: records read from the source are written into the tiers when the
+caller closes the lease, after the tier leases of that call are closed, never while
+they are open. An LMDB lease holds the environment's gate (NOTE[lmdb-gate] in
+``_env.py``), and a write that needs a bigger map cannot wait for the resize while its
+own thread holds the gate: written under the lease, most records of a cold batch were
+rejected and the next epoch was not warm. A tier lease that found nothing is closed at
+once, before the source is read, so slow source reads do not hold the gate either.
+Waiters of a flight get the record from the owner directly (NOTE[singleflight]); a
+caller that reads the same key between the owner's fetch and its lease closing reads it
+from the source again (correct, only slower).
 """
 
 from __future__ import annotations
@@ -194,7 +205,9 @@ class ReadThroughCache:
             sample_ids: Sample ids (any int sequence or a numpy integer array).
 
         Returns:
-            A lease whose ``buffers[i]`` is the record of ``sample_ids[i]``.
+            A lease whose ``buffers[i]`` is the record of ``sample_ids[i]``. Records
+            read from the source are written into the tiers when it is closed
+            (NOTE[chain-writeback]).
 
         Raises:
             ConfigError: An id is out of range, or the source broke its contract.
@@ -211,10 +224,11 @@ class ReadThroughCache:
             )
         buffers: list[Any] = [None] * len(ids)
         leases: list[Lease] = []
+        writes: list[CacheItem] = []
         try:
             pending = self._read_tiers(keys, fingerprints, buffers, leases)
             if pending:
-                self._fill_from_source(ids, keys, fingerprints, pending, buffers)
+                self._fill_from_source(ids, keys, fingerprints, pending, buffers, writes)
         except BaseException:
             for lease in leases:
                 lease.close()
@@ -224,8 +238,13 @@ class ReadThroughCache:
             self._counts["samples"] += len(ids)
 
         def release() -> None:
-            for lease in leases:
-                lease.close()
+            # NOTE[chain-writeback]: the tier leases first, then the writes.
+            try:
+                for lease in leases:
+                    lease.close()
+            finally:
+                for tier in self.tiers if writes else ():
+                    tier.put_many(writes)
 
         return Lease(buffers, release)
 
@@ -260,7 +279,6 @@ class ReadThroughCache:
             if not pending:
                 break
             lease = tier.get_many([keys[i] for i in pending], [fingerprints[i] for i in pending])
-            leases.append(lease)
             found: list[int] = []
             still: list[int] = []
             for i, buf in zip(pending, lease.buffers, strict=True):
@@ -269,6 +287,10 @@ class ReadThroughCache:
                 else:
                     buffers[i] = buf
                     found.append(i)
+            if found:
+                leases.append(lease)
+            else:
+                lease.close()  # NOTE[chain-writeback]: it holds nothing we return
             if found and level:
                 items = [CacheItem(keys[i], fingerprints[i], buffers[i]) for i in found]
                 for upper in self.tiers[:level]:
@@ -283,16 +305,21 @@ class ReadThroughCache:
         fingerprints: list[bytes],
         pending: list[int],
         buffers: list[Any],
+        writes: list[CacheItem],
     ) -> None:
         wanted: dict[bytes, int] = {}
         for i in pending:
             wanted.setdefault(keys[i], i)
-        records = self._singleflight(ids, fingerprints, wanted)
+        records = self._singleflight(ids, fingerprints, wanted, writes)
         for i in pending:
             buffers[i] = records[keys[i]]
 
     def _singleflight(
-        self, ids: list[int], fingerprints: list[bytes], wanted: dict[bytes, int]
+        self,
+        ids: list[int],
+        fingerprints: list[bytes],
+        wanted: dict[bytes, int],
+        writes: list[CacheItem],
     ) -> dict[bytes, Buffer]:
         # NOTE[singleflight]
         owned: list[bytes] = []
@@ -307,7 +334,7 @@ class ReadThroughCache:
                     waiting.append((key, flight))
         records: dict[bytes, Buffer] = {}
         if owned:
-            records.update(self._fetch_owned(ids, fingerprints, wanted, owned))
+            records.update(self._fetch_owned(ids, fingerprints, wanted, owned, writes))
         retry: list[bytes] = []
         for key, flight in waiting:
             while not flight.event.wait(_FLIGHT_WAIT_S):
@@ -319,7 +346,8 @@ class ReadThroughCache:
         with self._lock:
             self._counts["singleflight_waits"] += len(waiting)
         if retry:
-            records.update(self._singleflight(ids, fingerprints, {k: wanted[k] for k in retry}))
+            retried = {k: wanted[k] for k in retry}
+            records.update(self._singleflight(ids, fingerprints, retried, writes))
         return records
 
     def _fetch_owned(
@@ -328,7 +356,9 @@ class ReadThroughCache:
         fingerprints: list[bytes],
         wanted: dict[bytes, int],
         owned: list[bytes],
+        writes: list[CacheItem],
     ) -> dict[bytes, Buffer]:
+        """Read owned keys from the source; their write-back is queued on ``writes``."""
         started = time.perf_counter()
         try:
             records = self._read_records([ids[wanted[k]] for k in owned])
@@ -345,11 +375,9 @@ class ReadThroughCache:
             self._counts["source_bytes"] += nbytes
             self._latency[bucket] += 1
             self._latency_total += elapsed
-        items = [
+        writes.extend(
             CacheItem(k, fingerprints[wanted[k]], r) for k, r in zip(owned, records, strict=True)
-        ]
-        for tier in self.tiers:
-            tier.put_many(items)
+        )
         return dict(zip(owned, records, strict=True))
 
     def _read_records(self, sample_ids: list[int]) -> list[Buffer]:
