@@ -2,15 +2,15 @@
 
 NOTE[lmdb-readahead]: py-lmdb touches every page of a value when it hands the value out
 (it pre-faults the pages so that later faults happen without the GIL), one 4 KiB fault
-at a time under ``MADV_RANDOM``. A cold batch is therefore read page by page, value by
-value, one disk round trip each. Before the gets, :func:`value_spans` finds each value's
-file span without touching it: with ``buffers=True`` the cursor's key is a view into the
-leaf page, and in LMDB's on-disk node (format of LMDB 0.9) the 8 bytes after the key
-hold the first overflow page number, the 8 bytes before it the data size and flags. The
-tier then issues ``POSIX_FADV_WILLNEED`` for every span of the batch, so the kernel
-reads them as large requests, all in flight together. A span is only advice: a wrong
-one costs a wasted read, never wrong data (the value still comes from LMDB and is
-verified), and anything that does not look like an overflow node is skipped.
+at a time under ``MADV_RANDOM``, and even a cursor positioned on a key reads the first
+page of its value. A cold batch would therefore be read page by page, value by value,
+one disk round trip each. Before the gets, :func:`value_spans` finds each value's file
+span without reading any of it, by walking LMDB's B-tree pages itself
+(``_lmdb_pages.PageWalker``). The tier then issues ``POSIX_FADV_WILLNEED`` for every
+span of the batch, so the kernel reads them as large requests, all in flight together,
+one request per value. A span is only advice: a wrong one costs a wasted read, never
+wrong data (the value still comes from LMDB and is verified), and anything that does not
+look like an overflow node is skipped.
 
 ``auto`` mode does this only while the cache is cold: a probe of the first few values of
 a batch (``mincore`` of a middle page) or a batch whose gets took a major page fault
@@ -21,29 +21,22 @@ span's last page) switch it off again.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import resource
-import struct
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
-import numpy as np
+from fastdata.cache._lmdb_pages import PageWalker
 
 __all__ = ["Readahead", "is_resident", "iter_value_spans", "value_spans"]
 
-_NODE = struct.Struct("=HHHH")  # mn_lo, mn_hi (data size), mn_flags, mn_ksize
-_PGNO = struct.Struct("=Q")
-_F_BIGDATA = 0x01
-_PAGE_HEADER_BYTES = 16
 _CALM_BATCHES = 8
 _PROBES = 3
 _SKIP_PROBES = 64
-
-
-def _address(view: Any) -> int:
-    return int(np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0])
+_HINTED_KEYS = 1 << 16
 
 
 def value_spans(handle: Any, txn: Any, keys: Sequence[bytes]) -> list[tuple[int, int] | None]:
@@ -56,37 +49,14 @@ def iter_value_spans(
 ) -> Iterator[tuple[int, int] | None]:
     """Yield each key's value span as soon as it is known (NOTE[lmdb-readahead]).
 
-    Reads leaf pages, and of each value only its first page (LMDB reads it on lookup).
+    Reads branch and leaf pages only, never a value's pages.
     """
     if not handle.map_base or handle.lib_major != 0:
         yield from [None] * len(keys)
         return
-    file_bytes = os.fstat(handle.data_fd).st_size
-    cursor = txn.cursor(db=handle.records)
+    walker = PageWalker(handle.data_fd, handle.psize, txn.get(b"records", db=handle.main))
     for key in keys:
-        if not cursor.set_key(key):
-            yield None
-            continue
-        at = _address(cursor.key()) - handle.map_base
-        yield _span_at(handle, at, len(key), file_bytes)
-
-
-def _span_at(handle: Any, key_offset: int, key_len: int, file_bytes: int) -> tuple[int, int] | None:
-    start = key_offset - _NODE.size
-    if start < 0 or key_offset + key_len + _PGNO.size > file_bytes:
-        return None
-    raw = os.pread(handle.data_fd, _NODE.size + key_len + _PGNO.size, start)
-    if len(raw) < _NODE.size + key_len + _PGNO.size:
-        return None
-    lo, hi, flags, ksize = _NODE.unpack_from(raw, 0)
-    if ksize != key_len or not flags & _F_BIGDATA:
-        return None
-    (pgno,) = _PGNO.unpack_from(raw, _NODE.size + key_len)
-    offset = pgno * handle.psize + _PAGE_HEADER_BYTES
-    length = lo | hi << 16
-    if offset + length > file_bytes:
-        return None
-    return offset, length
+        yield walker.span(key)
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -116,8 +86,8 @@ def _major_faults() -> int:
 def _advise_part(handle: Any, keys: Sequence[bytes], skip_resident: bool) -> int:
     # Runs on a pool thread with its own read transaction; the caller holds the gate
     # shared until every part is done (NOTE[lmdb-gate] in _env.py). All spans first, then
-    # the advice: a span lookup waits for one small page read, which would otherwise
-    # queue behind the large reads the advice starts (measured a few percent faster).
+    # the advice: a cold leaf page is one small read, which would otherwise queue behind
+    # the large reads the advice starts.
     with handle.env.begin(db=handle.records, buffers=True) as txn:
         spans = [s for s in iter_value_spans(handle, txn, keys) if s is not None]
     if skip_resident:
@@ -131,9 +101,8 @@ class Readahead:
     """Per-tier readahead state: ``auto``, ``always`` or ``never`` (NOTE[lmdb-readahead]).
 
     The span lookups and ``WILLNEED`` calls of a batch run on ``threads`` pool threads:
-    finding a span touches the value's first page, so one thread would still wait for
-    one disk round trip per value. The pool is created on first use in each process and
-    shut down by :meth:`close`.
+    a cold leaf page costs one disk round trip, and the threads wait for them together.
+    The pool is created on first use in each process and shut down by :meth:`close`.
 
     Args:
         mode: ``CacheConfig.page_readahead``.
@@ -149,6 +118,7 @@ class Readahead:
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = 0
         self._lock = threading.Lock()
+        self._hinted: dict[bytes, None] = {}
 
     def before_gets(self, handle: Any, txn: Any, keys: Sequence[bytes]) -> int | None:
         """Advise the batch's spans when cold; returns a fault count for :meth:`after_gets`.
@@ -180,11 +150,30 @@ class Readahead:
             self.cold = True
             self._calm = 0
 
-    def advise(self, handle: Any, keys: Sequence[bytes]) -> int:
+    def advise(self, handle: Any, keys: Sequence[bytes], *, hinted: bool = False) -> int:
         """Issue ``WILLNEED`` for the spans of ``keys`` not in memory; returns how many.
+
+        Keys advised by a hint are remembered (the last 65,536), and the batch that
+        later reads them skips them: its lookups would otherwise queue on the pool
+        behind the hint's work for the batches after it.
 
         The caller must hold the handle's gate shared for the duration of the call.
         """
+        with self._lock:
+            if hinted:
+                for key in keys:
+                    self._hinted[key] = None
+                for key in list(
+                    itertools.islice(self._hinted, max(0, len(self._hinted) - _HINTED_KEYS))
+                ):
+                    del self._hinted[key]
+            elif self._hinted:
+                fresh = [k for k in keys if k not in self._hinted]
+                for key in keys:
+                    self._hinted.pop(key, None)
+                keys = fresh
+        if not keys:
+            return 0
         skip_resident = self.mode != "always"
         parts = [keys[k :: self.threads] for k in range(self.threads) if keys[k :: self.threads]]
         if len(parts) < 2:

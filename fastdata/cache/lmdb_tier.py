@@ -437,7 +437,7 @@ class LmdbTier:
             return
         try:
             with handle.shared():
-                self._readahead.advise(handle, [bytes(k) for k in upcoming_keys])
+                self._readahead.advise(handle, [bytes(k) for k in upcoming_keys], hinted=True)
         except lmdb.Error as exc:
             _log.debug("hint on %s skipped: %s", self.root, exc)
 
