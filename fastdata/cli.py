@@ -141,6 +141,450 @@ def pack_command(
     )
 
 
+# -- warm, stats, doctor, clear (docs/cli.md) -------------------------------------------
+
+
+class _Size(click.ParamType):
+    """A byte size such as ``200GiB`` (``fastdata.config.parse_size``)."""
+
+    name = "size"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int:
+        from fastdata.config import parse_size
+
+        try:
+            return parse_size(value if isinstance(value, int) else str(value))
+        except FastdataError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+_SHUFFLES = {
+    "true": "global",
+    "false": "none",
+    "global": "global",
+    "shard_window": "shard_window",
+    "none": "none",
+}
+_PLAN_FLAGS = (
+    "seed",
+    "epochs",
+    "first_epoch",
+    "world_size",
+    "node_rank",
+    "ranks_per_node",
+    "shuffle",
+    "drop_last",
+)
+
+
+def _dataset_options(command: click.Command) -> click.Command:
+    """The options that say which dataset, as ``fastdata.Dataset`` takes them."""
+    options = [
+        click.option(
+            "--layout",
+            type=click.Choice(["files", "tar", "parquet", "packed"]),
+            help="Source layout (default: detected).",
+        ),
+        click.option("--pattern", help="Glob selecting source objects, e.g. '**/*.tar'."),
+        click.option(
+            "--field",
+            "fields",
+            multiple=True,
+            help="Tar extension or Parquet column to keep (repeatable).",
+        ),
+        click.option(
+            "--layout-option",
+            "layout_option",
+            multiple=True,
+            help="KEY=VALUE layout option, e.g. labels=true (repeatable).",
+        ),
+        click.option(
+            "--storage-option",
+            "storage_option",
+            multiple=True,
+            help="KEY=VALUE for the store (repeatable; JSON values parsed).",
+        ),
+        click.option("--endpoint-url", help="S3-compatible endpoint (else AWS_ENDPOINT_URL)."),
+        click.option(
+            "--consistency",
+            type=click.Choice(["immutable", "validate"]),
+            default="immutable",
+            show_default=True,
+            help="Trust a saved index, or list the store and compare first.",
+        ),
+        click.option(
+            "--cache-dir",
+            type=click.Path(file_okay=False),
+            help="Node cache directory (else FASTDATA_CACHE_DIR).",
+        ),
+        click.option(
+            "--max-bytes",
+            type=_Size(),
+            help="Cache budget, e.g. 200GiB (else FASTDATA_CACHE_MAX_BYTES).",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _plan_options(command: click.Command) -> click.Command:
+    """``--plan`` and the loader settings that decide what one node reads."""
+    options = [
+        click.option(
+            "--plan",
+            "use_plan",
+            is_flag=True,
+            help="Only what this node's ranks read in the planned epochs.",
+        ),
+        click.option(
+            "--batch-size",
+            type=click.IntRange(1),
+            help="The DataLoader's batch_size (needed with --plan).",
+        ),
+        click.option(
+            "--seed", type=click.IntRange(0), help="The dataset's shuffle seed [default: 0]."
+        ),
+        click.option(
+            "--shuffle",
+            type=click.Choice(sorted(_SHUFFLES)),
+            help="The dataset's shuffle [default: global].",
+        ),
+        click.option("--drop-last", is_flag=True, default=None, help="The DataLoader's drop_last."),
+        click.option("--epochs", type=click.IntRange(1), help="Epochs to cover [default: 1]."),
+        click.option(
+            "--first-epoch", type=click.IntRange(0), help="First epoch to cover [default: 0]."
+        ),
+        click.option(
+            "--world-size",
+            type=click.IntRange(1),
+            help="Ranks in the job (else WORLD_SIZE, else 1).",
+        ),
+        click.option(
+            "--node-rank",
+            type=click.IntRange(0),
+            help="This node (else GROUP_RANK or NODE_RANK, else 0).",
+        ),
+        click.option(
+            "--ranks-per-node",
+            type=click.IntRange(1),
+            help="Ranks per node (else LOCAL_WORLD_SIZE, else all).",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _env_int(*names: str) -> int | None:
+    for name in names:
+        raw = os.environ.get(name)
+        if raw is not None and raw.strip():
+            try:
+                return int(raw)
+            except ValueError:
+                raise click.UsageError(f"{name}={raw!r} is not an integer") from None
+    return None
+
+
+def _node_plan(params: dict[str, object]) -> object:
+    """The ``NodePlan`` of the plan flags (with torchrun's variables), or ``None``."""
+    from fastdata.warm import NodePlan
+
+    if not params.pop("use_plan"):
+        given = [f"--{k.replace('_', '-')}" for k in _PLAN_FLAGS if params.get(k) is not None]
+        if given:
+            raise click.UsageError(f"{', '.join(given)}: use with --plan")
+        return None
+    if params.get("batch_size") is None:
+        raise click.UsageError("--plan needs --batch-size (the DataLoader's batch_size)")
+    world = params.get("world_size") or _env_int("WORLD_SIZE") or 1
+    per_node = params.get("ranks_per_node") or _env_int("LOCAL_WORLD_SIZE") or world
+    node = params.get("node_rank")
+    node = node if node is not None else (_env_int("GROUP_RANK", "NODE_RANK") or 0)
+    return NodePlan(
+        batch_size=params["batch_size"],  # type: ignore[arg-type]
+        seed=params.get("seed") or 0,  # type: ignore[arg-type]
+        shuffle=_SHUFFLES[params.get("shuffle") or "global"],  # type: ignore[arg-type]
+        drop_last=bool(params.get("drop_last")),
+        epochs=params.get("epochs") or 1,  # type: ignore[arg-type]
+        first_epoch=params.get("first_epoch") or 0,  # type: ignore[arg-type]
+        world_size=world,  # type: ignore[arg-type]
+        node_rank=node,  # type: ignore[arg-type]
+        ranks_per_node=per_node,  # type: ignore[arg-type]
+    )
+
+
+def _dataset_spec(url: str, params: dict[str, object]) -> object:
+    """The ``DatasetSpec`` of the dataset options (popped from ``params``)."""
+    from fastdata.warm import DatasetSpec
+
+    endpoint = params.pop("endpoint_url")
+    return DatasetSpec(
+        url,
+        layout=params.pop("layout"),  # type: ignore[arg-type]
+        pattern=params.pop("pattern"),  # type: ignore[arg-type]
+        fields=list(params.pop("fields")) or None,  # type: ignore[call-overload]
+        storage_options=_storage_options(params.pop("storage_option"), endpoint),  # type: ignore[arg-type]
+        consistency=params.pop("consistency"),  # type: ignore[arg-type]
+        layout_options=_storage_options(params.pop("layout_option"), None),  # type: ignore[arg-type]
+    )
+
+
+def _dataset_cfg(url: str, params: dict[str, object]) -> tuple[object, FastdataConfig]:
+    """The dataset spec and the config with ``--cache-dir`` and ``--max-bytes`` applied."""
+    cache: dict[str, object] = {}
+    cache_dir = params.pop("cache_dir", None)
+    max_bytes = params.pop("max_bytes", None)
+    if cache_dir:
+        cache["dir"] = os.fspath(cache_dir)  # type: ignore[call-overload]
+    if max_bytes is not None:
+        cache["max_bytes"] = max_bytes
+    return _dataset_spec(url, params), load_config(cache=cache)
+
+
+def _print_json(data: object) -> None:
+    import json
+
+    click.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+@cli.command("warm")
+@click.argument("url")
+@_dataset_options
+@_plan_options
+@click.option(
+    "--concurrency",
+    default=32,
+    show_default=True,
+    type=click.IntRange(1, 4096),
+    help="Most store requests in flight (halved while the store throttles).",
+)
+@click.option(
+    "--max-inflight",
+    default="256MiB",
+    show_default=True,
+    type=_Size(),
+    help="Most fetched bytes held before they are written.",
+)
+@click.option(
+    "--claim-bytes",
+    default="8MiB",
+    show_default=True,
+    type=_Size(),
+    help="Source bytes per claim unit, the work one of several warm processes takes at once.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
+@click.option(
+    "--log-interval",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(0.05),
+    help="Seconds between progress lines when not on a terminal.",
+)
+@click.option("--quiet", is_flag=True, help="No progress output.")
+@click.pass_context
+def warm_command(ctx: click.Context, url: str, **params: object) -> None:
+    """Fill this node's cache with the dataset at URL (rerun to resume).
+
+    Exit status: 0 when every selected sample is cached, 1 when some objects could
+    not be fetched (the summary names them), 2 for bad arguments.
+    """
+    from rich.console import Console
+
+    from fastdata.ops._render import BarProgress, LogProgress, warm_summary
+    from fastdata.warm import WarmConfig, warm
+
+    plan = _node_plan(params)
+    params.pop("batch_size")
+    spec, config = _dataset_cfg(url, params)
+    options = WarmConfig(
+        concurrency=params["concurrency"],  # type: ignore[arg-type]
+        max_inflight_bytes=params["max_inflight"],  # type: ignore[arg-type]
+        claim_bytes=params["claim_bytes"],  # type: ignore[arg-type]
+    )
+    console = Console(stderr=True)
+    progress: object = None
+    if not params["quiet"]:
+        progress = (
+            BarProgress(console)
+            if console.is_terminal
+            else LogProgress(sys.stderr, params["log_interval"])
+        )  # type: ignore[arg-type]
+    if isinstance(progress, BarProgress):
+        with progress:
+            result = warm(spec, config=config, plan=plan, options=options, progress=progress)  # type: ignore[arg-type]
+    else:
+        result = warm(spec, config=config, plan=plan, options=options, progress=progress)  # type: ignore[arg-type]
+    if params["as_json"]:
+        _print_json(result.as_dict())
+    for line in warm_summary(result):
+        click.echo(line, err=bool(params["as_json"]))
+    ctx.exit(1 if result.failed else 0)
+
+
+@cli.command("stats")
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False),
+    help="Node cache directory (else FASTDATA_CACHE_DIR).",
+)
+@click.option(
+    "--max-bytes",
+    type=_Size(),
+    help="The budget to report against (else FASTDATA_CACHE_MAX_BYTES).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+def stats_command(cache_dir: str | None, max_bytes: int | None, as_json: bool) -> None:
+    """Show the node cache: size and budget, datasets, hit/miss counters."""
+    from rich.console import Console
+
+    from fastdata.ops import cache_stats
+    from fastdata.ops._render import stats_table
+
+    cache: dict[str, object] = {"dir": cache_dir} if cache_dir else {}
+    if max_bytes is not None:
+        cache["max_bytes"] = max_bytes
+    report = cache_stats(load_config(cache=cache).cache)
+    if as_json:
+        _print_json(report.as_dict())
+        return
+    console = Console()
+    for renderable in stats_table(report):
+        console.print(renderable)
+
+
+@cli.command("doctor")
+@click.argument("url")
+@_dataset_options
+@_plan_options
+@click.option(
+    "--step-time",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds per training step, for a prefetch thread count.",
+)
+@click.option(
+    "--concurrency",
+    default=32,
+    show_default=True,
+    type=click.IntRange(1, 4096),
+    help="Requests in flight for the throughput read.",
+)
+@click.option(
+    "--latency-samples",
+    default=32,
+    show_default=True,
+    type=click.IntRange(1, 10000),
+    help="Single-sample reads for the latency percentiles.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def doctor_command(url: str, **params: object) -> None:
+    """Measure why training on URL would wait for data, and print advice."""
+    from fastdata.ops import DoctorConfig, doctor
+    from fastdata.ops._render import doctor_lines
+
+    plan = _node_plan(params)
+    options = DoctorConfig(
+        latency_samples=params.pop("latency_samples"),  # type: ignore[arg-type]
+        concurrency=params.pop("concurrency"),  # type: ignore[arg-type]
+        batch_size=params.pop("batch_size") or 64,  # type: ignore[arg-type]
+        step_time_s=params.pop("step_time"),  # type: ignore[arg-type]
+    )
+    as_json = params.pop("as_json")
+    spec, config = _dataset_cfg(url, params)
+    report = doctor(spec, config=config, plan=plan, options=options)  # type: ignore[arg-type]
+    if as_json:
+        _print_json(report.as_dict())
+        return
+    for line in doctor_lines(report):
+        click.echo(line)
+
+
+@cli.command("clear")
+@click.option("--dataset", help="A dataset URL or id (see `fastdata stats`); default: everything.")
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False),
+    help="Node cache directory (else FASTDATA_CACHE_DIR).",
+)
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def clear_command(dataset: str | None, cache_dir: str | None, yes: bool, as_json: bool) -> None:
+    """Remove one dataset from the node cache, or everything (safe while others read)."""
+    from fastdata.ops import clear_cache
+
+    config = load_config(cache={"dir": cache_dir} if cache_dir else {}).cache
+    what = f"dataset {dataset}" if dataset else "every dataset"
+    if not yes:
+        if not sys.stdin.isatty():
+            raise click.UsageError(f"clearing {what} needs --yes when not run from a terminal")
+        click.confirm(f"Remove {what} from the cache at {config.resolved_dir()}?", abort=True)
+    result = clear_cache(config, dataset=dataset)
+    if as_json:
+        _print_json(result.as_dict())
+        return
+    if not result.entries and not result.indexes:
+        click.echo(f"nothing cached for {what} in {config.resolved_dir()}")
+        return
+    click.echo(
+        f"cleared {result.entries} entries and {result.indexes} saved indexes of "
+        f"{len(result.dataset_ids)} datasets ({', '.join(result.dataset_ids)}) "
+        f"from {config.resolved_dir()}"
+    )
+
+
+@cli.command("bench")
+@click.option(
+    "--endpoint-url", help="S3-compatible endpoint (default: start SeaweedFS on 127.0.0.1)."
+)
+@click.option(
+    "--bucket",
+    default="fastdata-bench",
+    show_default=True,
+    help="Bucket for the generated data (must exist when --endpoint-url is given).",
+)
+@click.option(
+    "--samples", type=click.IntRange(min=1), help="Samples to generate [4096; --quick: 512]."
+)
+@click.option("--sample-bytes", help="Bytes per sample, e.g. 100KiB [100KiB; --quick: 16KiB].")
+@click.option("--layout", type=click.Choice(["files", "packed"]), help="Data layout [files].")
+@click.option(
+    "--batch-size", type=click.IntRange(min=1), help="Samples per batch [256; --quick: 64]."
+)
+@click.option(
+    "--step-ms",
+    type=click.FloatRange(0, 10_000),
+    help="Simulated training step after each batch, a sleep [20].",
+)
+@click.option(
+    "--epochs", type=click.IntRange(min=1), help="Epochs per throughput pass; cold reads one [1]."
+)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write JSON here.")
+@click.option(
+    "--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG plot here."
+)
+@click.option("--quick", is_flag=True, help="CI size: a few seconds of measuring.")
+@click.option(
+    "--storage-option",
+    "storage_option",
+    multiple=True,
+    help="KEY=VALUE for the store (repeatable); AWS_* variables also apply.",
+)
+def bench_command(
+    json_path: str | None,
+    plot_path: str | None,
+    storage_option: tuple[str, ...],
+    **flags: object,
+) -> None:
+    """Measure latency and throughput: baseline, fastdata cold/warm/hot, and the limits."""
+    from fastdata.benchmark import config_from_flags, run_command
+
+    config = config_from_flags(flags, _storage_options(storage_option, None))
+    run_command(config, json_path=json_path, plot_path=plot_path)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: map fastdata errors to a one-line message and exit 2."""
     try:

@@ -1,0 +1,110 @@
+"""``fastdata clear``: remove one dataset from the node cache, or everything.
+
+Safe while other processes read: the LMDB tier deletes in bounded write transactions
+and a reader keeps its snapshot until its read transaction ends, then sees misses
+(docs/cache.md); saved indexes are renamed away whole (``_saved.remove_index``), so a
+process opening one finds all of it or none and rebuilds. The empty claim files of
+``warm`` (NOTE[warm-claims]) stay: a running ``warm`` may hold locks in them.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+
+from fastdata.cache import LmdbTier
+from fastdata.config import CacheConfig
+from fastdata.errors import ConfigError
+from fastdata.index import normalize_url
+from fastdata.ops._saved import SavedIndex, remove_index, saved_indexes
+
+__all__ = ["ClearResult", "clear_cache", "match_datasets"]
+
+logger = logging.getLogger(__name__)
+
+_ID_RE = re.compile(r"[0-9a-fA-F]{16}")
+
+
+@dataclass(frozen=True)
+class ClearResult:
+    """What ``clear_cache`` removed."""
+
+    dataset_ids: tuple[str, ...]
+    """The datasets cleared (hex ids); every dataset for a whole-cache clear."""
+    entries: int
+    """Cache entries removed."""
+    indexes: int
+    """Saved indexes removed."""
+    urls: tuple[str, ...] = field(default=())
+    """The URLs of the removed indexes."""
+
+    def as_dict(self) -> dict[str, object]:
+        """A JSON-ready dict."""
+        return {
+            "dataset_ids": list(self.dataset_ids),
+            "entries": self.entries,
+            "indexes": self.indexes,
+            "urls": list(self.urls),
+        }
+
+
+def match_datasets(
+    dataset: str, tier: LmdbTier, saved: list[SavedIndex]
+) -> tuple[set[bytes], list[SavedIndex]]:
+    """The dataset ids and saved indexes ``dataset`` (a URL or a 16-hex-digit id) names.
+
+    A URL matches every saved index of that URL (any layout or pattern) and every cached
+    dataset registered under that URL.
+    """
+    if _ID_RE.fullmatch(dataset):
+        wanted = bytes.fromhex(dataset)
+        return {wanted}, [s for s in saved if s.dataset_id == wanted]
+    url = normalize_url(dataset)
+    indexes = [s for s in saved if s.url == url]
+    ids = {s.dataset_id for s in indexes}
+    ids |= {d.dataset_id for d in tier.datasets() if d.name == url}
+    return ids, indexes
+
+
+def clear_cache(config: CacheConfig, *, dataset: str | None = None) -> ClearResult:
+    """Remove one dataset's cache entries and saved indexes, or the whole cache.
+
+    Args:
+        config: The cache settings (directory).
+        dataset: A dataset URL or hex id (as ``fastdata stats`` shows it); ``None``
+            clears every dataset.
+
+    Returns:
+        What was removed (nothing, when the dataset is not cached).
+
+    Raises:
+        ConfigError: A bad argument.
+        CacheError: The cache directory belongs to another user.
+    """
+    if not isinstance(config, CacheConfig):
+        raise ConfigError(f"clear_cache takes a CacheConfig, not {type(config).__name__}")
+    if dataset is not None and (not isinstance(dataset, str) or not dataset.strip()):
+        raise ConfigError(f"dataset must be a URL or a dataset id, got {dataset!r}")
+    cache_dir = config.resolved_dir()
+    if not cache_dir.exists():
+        return ClearResult((), 0, 0)
+    saved = saved_indexes(cache_dir)
+    has_lmdb = (cache_dir / "lmdb").is_dir()
+    with LmdbTier(config) as tier:
+        if dataset is None:
+            ids = {d.dataset_id for d in tier.datasets()} if has_lmdb else set()
+            ids |= {s.dataset_id for s in saved}
+            entries = tier.clear() if has_lmdb else 0
+            indexes = saved
+        else:
+            ids, indexes = match_datasets(dataset.strip(), tier, saved)
+            entries = sum(tier.clear(d) for d in sorted(ids)) if has_lmdb else 0
+    for index in indexes:
+        remove_index(index)
+    return ClearResult(
+        dataset_ids=tuple(sorted(d.hex() for d in ids)),
+        entries=entries,
+        indexes=len(indexes),
+        urls=tuple(sorted({s.url for s in indexes})),
+    )

@@ -1,0 +1,395 @@
+"""The fetch loop of ``warm``: claim units, fetch them in parallel, write them in batches.
+
+One thread (the caller's) owns every decision: which unit to claim (NOTE[warm-claims]),
+how many requests may be in flight, when to write. Worker threads only fetch and encode
+(``_fetch.fetch_samples``). Memory stays bounded: tasks are dispatched only while the
+bytes fetched and not yet written stay under ``WarmConfig.max_inflight_bytes``.
+
+NOTE[warm-throttle]: the store already retries each request that the server throttles
+(503 SlowDown, 429) with backoff. ``warm`` also lowers its own request rate while that
+happens, by additive increase, multiplicative decrease on the store's ``throttled``
+counter: when a finished task shows new throttled answers, the allowed concurrency is
+halved (at most once per ``_DECREASE_HOLD_S``, so that one burst halves it once);
+every ``limit`` tasks that finish without new throttling raise it by one, up to
+``WarmConfig.concurrency``. The lowest value and the number of halvings are reported.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fastdata.cache import CacheItem, LmdbTier
+from fastdata.errors import CacheError
+from fastdata.index import SampleIndex
+from fastdata.store import Store
+from fastdata.warm._claims import ClaimFile
+from fastdata.warm._fetch import Failure, Fetched, fetch_samples
+from fastdata.warm._types import WarmConfig, WarmProgress, WarmStatus
+
+__all__ = ["FetchLoop", "present_mask"]
+
+logger = logging.getLogger(__name__)
+
+_CHECK_BLOCK = 1 << 14
+_MAX_TASK_OBJECTS = 16
+_DECREASE_HOLD_S = 0.5
+_WRITE_AGE_S = 1.0
+_FLUSH_BYTES = 32 * 1024**2  # plus the unit that crosses it: _select.WRITE_BATCH_BYTES
+_IDLE_POLL_S = 0.05
+_WAIT_S = 0.1
+
+
+def present_mask(tier: LmdbTier, index: SampleIndex, ids: np.ndarray) -> np.ndarray:
+    """Which of ``ids`` the LMDB tier holds for their current fingerprint."""
+    out = np.zeros(len(ids), dtype=bool)
+    for start in range(0, len(ids), _CHECK_BLOCK):
+        part = ids[start : start + _CHECK_BLOCK]
+        found = tier.contains_many(index.keys(part), index.fingerprints(part))
+        out[start : start + len(part)] = found
+    return out
+
+
+@dataclass
+class _Unit:
+    """A claimed unit: the samples still to fetch and what came back so far."""
+
+    unit: int
+    ids: np.ndarray
+    est_bytes: int
+    tasks_left: int = 0
+    fetched: list[Fetched] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Task:
+    unit: _Unit
+    ids: np.ndarray
+    tokens: int
+    est_bytes: int
+
+
+class FetchLoop:
+    """Fetch the missing samples of a selection, unit by unit (see the module notes).
+
+    Args:
+        index: The dataset's index.
+        store: The store to read from (its ``max_concurrency`` at least the concurrency).
+        tier: The LMDB tier to write to.
+        claims: This dataset's claims file.
+        options: Concurrency and memory bounds.
+    """
+
+    def __init__(
+        self,
+        index: SampleIndex,
+        store: Store,
+        tier: LmdbTier,
+        claims: ClaimFile,
+        options: WarmConfig,
+    ) -> None:
+        self.index, self.store, self.tier, self.claims = index, store, tier, claims
+        self.options = options
+        self.limit = options.concurrency
+        self.limit_min = options.concurrency
+        self.decreases = 0
+        self.not_admitted = 0
+        self.failures: list[Failure] = []
+        self.status = WarmStatus(concurrency=self.limit)
+        self._credit = 0.0
+        self._hold_until = 0.0
+        self._seen_throttled = store.stats().throttled
+        self._full = False
+        self._pending: deque[tuple[int, np.ndarray, int]] = deque()
+        self._deferred: deque[tuple[int, np.ndarray, int]] = deque()
+        self._ready: deque[_Task] = deque()
+        self._futures: dict[Future[Fetched], _Task] = {}
+        self._tokens = 0
+        self._inflight_bytes = 0
+        self._to_write: list[_Unit] = []
+        self._to_write_bytes = 0
+        self._oldest_write = 0.0
+        self._writing: tuple[Future[int], list[_Unit], list[CacheItem], int] | None = None
+        self._last_report = 0.0
+        self._started = time.monotonic()
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def run(
+        self,
+        units: list[tuple[int, np.ndarray, int]],
+        progress: WarmProgress | None,
+    ) -> None:
+        """Fetch every ``(unit, ids, estimated bytes)``; returns when all are settled.
+
+        Raises:
+            CacheError: The LMDB tier cannot be written.
+        """
+        self._pending.extend(units)
+        self._started = time.monotonic()
+        with (
+            ThreadPoolExecutor(
+                max_workers=min(self.options.concurrency, 64), thread_name_prefix="fastdata-warm"
+            ) as pool,
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastdata-warm-write") as writer,
+        ):
+            try:
+                while self._busy():
+                    self._fill(pool)
+                    self._collect()
+                    self._flush(writer, force=not self._futures)
+                    self._report(progress)
+            finally:
+                for future in self._futures:
+                    future.cancel()
+                if self._writing is not None:
+                    wait([self._writing[0]])
+        self._report(progress, final=True)
+
+    def _busy(self) -> bool:
+        return bool(
+            self._pending
+            or self._deferred
+            or self._ready
+            or self._futures
+            or self._to_write
+            or self._writing
+        )
+
+    def _held_bytes(self) -> int:
+        """Bytes fetched or being fetched and not yet written (the memory bound)."""
+        writing = self._writing[3] if self._writing is not None else 0
+        return self._inflight_bytes + self._to_write_bytes + writing
+
+    def _fill(self, pool: ThreadPoolExecutor) -> None:
+        while not self._full:
+            task = self._ready.popleft() if self._ready else self._claim_next()
+            if task is None:
+                return
+            busy = self._futures and (
+                self._tokens + task.tokens > self.limit
+                or self._held_bytes() + task.est_bytes > self.options.max_inflight_bytes
+            )
+            if busy:
+                self._ready.appendleft(task)
+                return
+            future = pool.submit(fetch_samples, self.index, self.store, task.ids)
+            self._futures[future] = task
+            self._tokens += task.tokens
+            self._inflight_bytes += task.est_bytes
+
+    def _claim_next(self) -> _Task | None:
+        """Claim the next free unit and split it into tasks; ``None`` when none is free."""
+        while self._pending:
+            entry = self._pending.popleft()
+            if self._start_unit(entry):
+                return self._ready.popleft()
+        for _ in range(len(self._deferred)):
+            entry = self._deferred.popleft()
+            if self._start_unit(entry):
+                return self._ready.popleft()
+        return None
+
+    def _start_unit(self, entry: tuple[int, np.ndarray, int]) -> bool:
+        unit_id, ids, est_bytes = entry
+        if not self.claims.try_claim(unit_id):
+            self._deferred.append(entry)
+            return False
+        present = present_mask(self.tier, self.index, ids)
+        if present.any():
+            # Another process filled (part of) it meanwhile (NOTE[warm-claims]).
+            share = est_bytes * int(present.sum()) // len(ids)
+            self._settle(int(present.sum()), share, cached=True)
+            ids, est_bytes = ids[~present], est_bytes - share
+        if not len(ids):
+            self.claims.release(unit_id)
+            return False
+        unit = _Unit(unit_id, ids, est_bytes)
+        tasks = self._split(unit)
+        unit.tasks_left = len(tasks)
+        self._ready.extend(tasks)
+        return True
+
+    def _split(self, unit: _Unit) -> list[_Task]:
+        """Tasks of at most a few objects each, so that several run at once."""
+        objects = np.asarray(self.index.locations(unit.ids)["obj"])
+        run = np.concatenate(([0], np.cumsum(objects[1:] != objects[:-1])))
+        per_task = max(1, min(_MAX_TASK_OBJECTS, self.limit // 2))
+        which = run // per_task
+        bounds = np.flatnonzero(np.diff(which)) + 1
+        parts = np.split(unit.ids, bounds)
+        runs = np.split(run, bounds)
+        return [
+            _Task(
+                unit,
+                part,
+                tokens=int(r[-1] - r[0] + 1),
+                est_bytes=unit.est_bytes * len(part) // len(unit.ids) or 1,
+            )
+            for part, r in zip(parts, runs, strict=True)
+        ]
+
+    def _collect(self) -> None:
+        waiting: list[Future[Any]] = list(self._futures)
+        if self._writing is not None:
+            waiting.append(self._writing[0])
+        if not waiting:
+            if self._deferred:
+                time.sleep(_IDLE_POLL_S)  # other processes hold the rest: poll their claims
+            return
+        done, _ = wait(waiting, timeout=_WAIT_S, return_when=FIRST_COMPLETED)
+        for future in done:
+            if future not in self._futures:
+                continue  # the write: settled by _flush
+            task = self._futures.pop(future)
+            self._tokens -= task.tokens
+            self._inflight_bytes -= task.est_bytes
+            fetched = future.result()  # errors other than per-object failures propagate
+            self._adapt()
+            if self._full:
+                self.not_admitted += len(task.ids)
+                continue
+            unit = task.unit
+            unit.fetched.append(fetched)
+            unit.tasks_left -= 1
+            if unit.tasks_left == 0:
+                self._queue_write(unit)
+
+    def _adapt(self) -> None:
+        """NOTE[warm-throttle]."""
+        throttled = self.store.stats().throttled
+        now = time.monotonic()
+        if throttled > self._seen_throttled:
+            self._seen_throttled = throttled
+            if now >= self._hold_until and self.limit > 1:
+                self.limit = max(1, self.limit // 2)
+                self.limit_min = min(self.limit_min, self.limit)
+                self.decreases += 1
+                self._hold_until = now + _DECREASE_HOLD_S
+                logger.info("store throttles: concurrency lowered to %d", self.limit)
+            self._credit = 0.0
+            return
+        self._credit += 1.0 / self.limit
+        if self._credit >= 1.0 and self.limit < self.options.concurrency:
+            self.limit += 1
+            self._credit = 0.0
+
+    # -- writes --------------------------------------------------------------------------
+
+    def _queue_write(self, unit: _Unit) -> None:
+        if not self._to_write:
+            self._oldest_write = time.monotonic()
+        self._to_write.append(unit)
+        self._to_write_bytes += sum(f.record_bytes for f in unit.fetched)
+
+    def _flush(self, writer: ThreadPoolExecutor, *, force: bool) -> None:
+        """Hand finished units to the writer thread in batches; settle the last write.
+
+        One write at a time: while it runs, fetching goes on and finished units gather
+        for the next one. Claims are released by the writer after the commit
+        (NOTE[warm-claims]).
+        """
+        if self._writing is not None:
+            future, units, items, _ = self._writing
+            if not (future.done() or (force and not self._futures)):
+                return
+            self._writing = None
+            self._after_write(units, items, future.result())
+        if not self._to_write:
+            return
+        aged = time.monotonic() - self._oldest_write >= _WRITE_AGE_S
+        batch_bytes = min(self.tier.config.write_txn_bytes, _FLUSH_BYTES)
+        if not (force or aged or self._to_write_bytes >= batch_bytes):
+            return
+        units, nbytes = self._to_write, self._to_write_bytes
+        self._to_write, self._to_write_bytes = [], 0
+        items: list[CacheItem] = []
+        for unit in units:
+            for fetched in unit.fetched:
+                keys = self.index.keys(fetched.ids)
+                fps = self.index.fingerprints(fetched.ids)
+                items.extend(map(CacheItem, keys, fps, fetched.records))
+                fetched.records = []  # the items hold them now
+        future = writer.submit(self._write, units, items)
+        self._writing = (future, units, items, nbytes)
+
+    def _write(self, units: list[_Unit], items: list[CacheItem]) -> int:
+        """On the writer thread: commit, then release the units' claims."""
+        try:
+            return self.tier.put_many(items) if items else 0
+        finally:
+            for unit in units:
+                self.claims.release(unit.unit)
+
+    def _after_write(self, units: list[_Unit], items: list[CacheItem], admitted: int) -> None:
+        refused = len(items) - admitted
+        if refused:
+            state = self.tier.stats().state
+            if state != "ok":
+                raise CacheError(
+                    f"the LMDB cache at {self.tier.root} cannot be written ({state}); "
+                    "check the disk and the cache directory (--cache-dir)"
+                )
+            self._stop_full(refused)
+        for unit in units:
+            fetched = sum(len(f.ids) for f in unit.fetched)
+            failures = [x for f in unit.fetched for x in f.failures]
+            self.failures.extend(failures)
+            self.status.failed += sum(x.samples for x in failures)
+            self.status.fetched += fetched
+            self._settle(0, unit.est_bytes, cached=False, count=len(unit.ids))
+        self.status.fetched -= refused
+
+    def _stop_full(self, refused: int) -> None:
+        """The cache is full: count what it refused and what is left, fetch no more."""
+        self._full = True
+        left = sum(len(ids) for _, ids, _ in (*self._pending, *self._deferred))
+        left += sum(len(t.ids) for t in self._ready)
+        self.not_admitted += refused + left
+        logger.warning(
+            "the cache at %s is full: %d fetched samples were not admitted and %d more "
+            "are not fetched; raise --max-bytes (the budget is %d bytes)",
+            self.tier.root,
+            refused,
+            left,
+            self.tier.config.max_bytes,
+        )
+        self._pending.clear()
+        self._deferred.clear()
+        self._ready.clear()
+
+    # -- progress ------------------------------------------------------------------------
+
+    def _settle(self, samples: int, est_bytes: int, *, cached: bool, count: int = 0) -> None:
+        status = self.status
+        status.done += count or samples
+        status.done_bytes += est_bytes
+        if cached:
+            status.already_cached += samples
+
+    def _report(self, progress: WarmProgress | None, *, final: bool = False) -> None:
+        now = time.monotonic()
+        if not final and now - self._last_report < self.options.status_interval_s:
+            return
+        self._last_report = now
+        stats = self.store.stats()
+        self.status.concurrency = self.limit
+        self.status.retries = stats.retries
+        self.status.throttled = stats.throttled
+        self.status.elapsed_s = now - self._started
+        if progress is not None:
+            progress.update(self.status)
+
+    def summary(self) -> dict[str, Any]:
+        """The loop's own counters for the result."""
+        return {
+            "concurrency_min": self.limit_min,
+            "concurrency_decreases": self.decreases,
+            "not_admitted": self.not_admitted,
+        }

@@ -1,0 +1,177 @@
+"""Which samples to warm: the whole dataset or one node's plan, cut to the cache budget.
+
+Pure functions of the index, the plan and the cache's contents; no store requests.
+
+NOTE[warm-budget]: the LMDB tier admits while it has room and then stops (docs/cache.md,
+"Admission and eviction"): a full cache keeps what it holds, and idle datasets are the
+only thing it evicts for another. So with a budget smaller than the selection, any
+subset that fits gives the same hit rate in later epochs; warm keeps the samples read
+first (epoch order of this node's ranks with ``--plan``, so that the first epoch starts
+warm; id order otherwise, which fetches whole objects and runs of shards). The room is
+the budget minus the LMDB lock file, the tier's reserve (1% + 20 pages) and what the
+other datasets that are not idle hold; each sample is charged its record's pages.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from fastdata.cache import DatasetInfo
+from fastdata.config import CacheConfig
+from fastdata.index import SampleIndex
+from fastdata.plan import EpochOrder, EpochPlan, PlanConfig
+from fastdata.warm._types import NodePlan
+
+__all__ = [
+    "RECORD_OVERHEAD_BYTES",
+    "access_order",
+    "claim_units",
+    "fit_budget",
+    "node_order",
+    "record_costs",
+    "source_bytes",
+]
+
+RECORD_OVERHEAD_BYTES = 128
+"""Record header, field table and alignment added to a sample's source bytes (estimate)."""
+_ENTRY_HEADER_BYTES = 48
+_PAGE_BYTES = 4096
+_BLOCK = 1 << 16
+WRITE_BATCH_BYTES = 40 * 1024**2
+"""Record bytes ``warm`` writes in one ``put_many`` at most (about)."""
+
+
+def epoch_order(index: SampleIndex, config: PlanConfig, epoch: int) -> EpochOrder:
+    """The canonical order of ``epoch``, exactly as ``fastdata.Dataset.order`` builds it."""
+    shard_sizes = None
+    if config.shuffle == "shard_window":
+        objects = np.asarray(index.locations(np.arange(len(index)))["obj"])
+        boundaries = np.flatnonzero(np.diff(objects)) + 1
+        shard_sizes = np.diff(np.concatenate(([0], boundaries, [len(objects)])))
+    return EpochOrder(len(index), config, epoch=epoch, shard_sizes=shard_sizes)
+
+
+def node_order(index: SampleIndex, plan: NodePlan) -> np.ndarray:
+    """The distinct sample ids this node's ranks read in the planned epochs, in the order
+    they are first read (epoch by epoch, global step by step, rank by rank)."""
+    config = plan.plan_config()
+    parts: list[np.ndarray] = []
+    for epoch in plan.epoch_range:
+        order = epoch_order(index, config, epoch)
+        per_rank = [
+            list(EpochPlan(order, world_size=plan.world_size, rank=r).batches()) for r in plan.ranks
+        ]
+        steps = len(per_rank[0]) if per_rank else 0
+        for step in range(steps):
+            parts.extend(batches[step] for batches in per_rank)
+    if not parts:
+        return np.zeros(0, dtype=np.int64)
+    ids = np.concatenate(parts).astype(np.int64, copy=False)
+    _, first = np.unique(ids, return_index=True)
+    return ids[np.sort(first)]
+
+
+def access_order(index: SampleIndex, plan: NodePlan | None) -> np.ndarray:
+    """The samples to warm, most wanted first: :func:`node_order`, or every id in order."""
+    if plan is None:
+        return np.arange(len(index), dtype=np.int64)
+    return node_order(index, plan)
+
+
+def source_bytes(index: SampleIndex, ids: np.ndarray) -> np.ndarray:
+    """Each sample's estimated source bytes (the layout's estimate), int64."""
+    out = np.empty(len(ids), dtype=np.int64)
+    for start in range(0, len(ids), _BLOCK):
+        part = ids[start : start + _BLOCK]
+        out[start : start + len(part)] = index.layout.estimate_bytes(index.locations(part))
+    return out
+
+
+def record_costs(nbytes: np.ndarray, page_bytes: int = _PAGE_BYTES) -> np.ndarray:
+    """Bytes of LMDB map each sample takes: whole overflow pages, or a leaf-page share."""
+    value = nbytes + (RECORD_OVERHEAD_BYTES + _ENTRY_HEADER_BYTES)
+    pages = -(-(value + 16) // page_bytes) * page_bytes
+    small = (value + 26) * 3 // 2
+    return np.where(value + 24 > page_bytes // 2, pages, small)
+
+
+def room_bytes(
+    config: CacheConfig,
+    datasets: Sequence[DatasetInfo],
+    dataset_id: bytes,
+    *,
+    now_s: float | None = None,
+) -> int:
+    """Bytes of the budget this dataset may fill (NOTE[warm-budget])."""
+    now = time.time() if now_s is None else now_s
+    lock_bytes = 64 * max(config.lmdb_max_readers, 126) + 8192
+    usable = config.max_bytes - lock_bytes
+    usable -= usable // 100 + 20 * _PAGE_BYTES
+    others = 0
+    for info in datasets:
+        idle = info.last_access_s and now - info.last_access_s > config.idle_dataset_s
+        if info.dataset_id != dataset_id and not idle:
+            others += info.bytes_used + info.entries * (_PAGE_BYTES // 2)
+    return max(0, usable - others)
+
+
+def fit_budget(costs: np.ndarray, room: int, *, write_bytes: int = WRITE_BATCH_BYTES) -> int:
+    """How many samples, taken in order, fit in ``room`` bytes of LMDB map.
+
+    ``costs`` are the samples' :func:`record_costs`. Besides their pages the tier keeps
+    free one page per record of a write for the leaf pages that write copies (up to the
+    number of leaf pages); that reserve, for a last write of ``write_bytes``, comes off
+    the room too.
+    """
+    if len(costs) == 0 or room <= 0:
+        return 0
+    total = np.cumsum(costs, dtype=np.int64)
+    keep = int(np.searchsorted(total, room, side="right"))
+    if keep == 0:
+        return 0
+    leaf = np.where(costs < _PAGE_BYTES, costs, 64)[:keep]
+    tree_pages = int(leaf.sum()) // _PAGE_BYTES + 2
+    per_write = max(1, write_bytes // max(1, int(total[keep - 1]) // keep))
+    reserve = _PAGE_BYTES * min(keep, per_write, tree_pages)
+    return int(np.searchsorted(total, room - reserve, side="right"))
+
+
+def claim_units(index: SampleIndex, claim_bytes: int) -> np.ndarray:
+    """The claim unit of every sample id (NOTE[warm-claims] in ``_claims.py``).
+
+    Units are runs of consecutive ids of about ``claim_bytes`` source bytes, a pure
+    function of the index, so every process warming the dataset cuts the same units.
+    A unit never splits samples that share one fetch range (Parquet row groups).
+    """
+    n = len(index)
+    units = np.empty(n, dtype=np.int64)
+    carried = 0
+    last_unit = last_cut = -1
+    previous: tuple[int, int] | None = None
+    for start in range(0, n, _BLOCK):
+        ids = np.arange(start, min(n, start + _BLOCK), dtype=np.int64)
+        rows = index.locations(ids)
+        sizes = index.layout.estimate_bytes(rows).astype(np.int64)
+        offsets = carried + np.cumsum(sizes) - sizes
+        carried += int(sizes.sum())
+        cut = offsets // claim_bytes
+        obj = rows["obj"].astype(np.int64)
+        off = rows["offset"].astype(np.int64)
+        same_range = np.zeros(len(ids), dtype=bool)
+        same_range[1:] = (obj[1:] == obj[:-1]) & (off[1:] == off[:-1])
+        new = np.ones(len(ids), dtype=bool)
+        new[1:] = cut[1:] != cut[:-1]
+        if previous is not None:
+            new[0] = (int(cut[0]) != last_cut) and (int(obj[0]), int(off[0])) != previous
+            same_range[0] = (int(obj[0]), int(off[0])) == previous
+        new &= ~same_range
+        if previous is None:
+            new[0] = True
+        units[start : start + len(ids)] = last_unit + np.cumsum(new)
+        last_unit = int(units[start + len(ids) - 1])
+        last_cut = int(cut[-1])
+        previous = (int(obj[-1]), int(off[-1]))
+    return units

@@ -1,0 +1,246 @@
+"""``warm()``: fill the node's LMDB cache with a dataset, or with what this node will read."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from fastdata.cache import LmdbTier
+from fastdata.config import FastdataConfig
+from fastdata.errors import ConfigError
+from fastdata.index import SampleIndex
+from fastdata.store import Store
+from fastdata.warm._claims import ClaimFile
+from fastdata.warm._fetch import Failure
+from fastdata.warm._run import FetchLoop, present_mask
+from fastdata.warm._select import (
+    access_order,
+    claim_units,
+    fit_budget,
+    record_costs,
+    room_bytes,
+    source_bytes,
+)
+from fastdata.warm._types import (
+    DatasetSpec,
+    FailedObject,
+    NodePlan,
+    WarmConfig,
+    WarmProgress,
+    WarmResult,
+)
+
+__all__ = ["Selection", "select", "warm"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """The samples a warm run wants in the cache, and what the budget left out."""
+
+    ids: np.ndarray
+    """Selected sample ids, sorted."""
+    est_bytes: np.ndarray
+    """Estimated source bytes of each selected sample."""
+    wanted: int
+    """Samples wanted before the budget (the dataset, or the node's plan)."""
+    wanted_bytes: int
+    """Their estimated source bytes."""
+    wanted_cost_bytes: int
+    """Their estimated size in the cache (records, headers, pages)."""
+    room_bytes: int
+    """Cache bytes this dataset may fill (NOTE[warm-budget] in ``_select.py``)."""
+
+    @property
+    def over_budget(self) -> int:
+        """Wanted samples left out because the budget cannot hold them."""
+        return self.wanted - len(self.ids)
+
+
+def select(index: SampleIndex, plan: NodePlan | None, tier: LmdbTier) -> Selection:
+    """The samples to warm: all of them or the node's plan, cut to the cache budget."""
+    order = access_order(index, plan)
+    est = source_bytes(index, order)
+    costs = record_costs(est)
+    room = room_bytes(tier.config, tier.datasets(), index.dataset_id)
+    keep = fit_budget(costs, room)
+    by_id = np.argsort(order[:keep], kind="stable")
+    return Selection(
+        ids=order[:keep][by_id],
+        est_bytes=est[:keep][by_id],
+        wanted=len(order),
+        wanted_bytes=int(est.sum()),
+        wanted_cost_bytes=int(costs.sum()),
+        room_bytes=room,
+    )
+
+
+def _units(
+    index: SampleIndex, ids: np.ndarray, est: np.ndarray, options: WarmConfig
+) -> list[tuple[int, np.ndarray, int]]:
+    """``(claim unit, sorted ids, estimated bytes)`` for the samples to fetch."""
+    if not len(ids):
+        return []
+    unit_of = claim_units(index, options.claim_bytes)[ids]
+    bounds = np.flatnonzero(np.diff(unit_of)) + 1
+    starts = np.concatenate(([0], bounds))
+    sums = np.add.reduceat(est, starts)
+    return [
+        (int(unit_of[s]), part, int(b))
+        for s, part, b in zip(starts.tolist(), np.split(ids, bounds), sums.tolist(), strict=True)
+    ]
+
+
+def _failed_objects(index: SampleIndex, failures: list[Failure]) -> tuple[FailedObject, ...]:
+    merged: dict[int, list[Failure]] = defaultdict(list)
+    for failure in failures:
+        merged[failure.obj].append(failure)
+    out = []
+    for obj, parts in sorted(merged.items()):
+        first = parts[0]
+        out.append(
+            FailedObject(
+                path=index.object_info(obj).path,
+                kind=first.kind,
+                error=first.error,
+                samples=sum(p.samples for p in parts),
+            )
+        )
+    return tuple(out)
+
+
+def _check_args(
+    spec: object, config: object, plan: object, options: object, progress: object
+) -> None:
+    if not isinstance(spec, DatasetSpec):
+        raise ConfigError(f"warm takes a DatasetSpec, not {type(spec).__name__}")
+    if config is not None and not isinstance(config, FastdataConfig):
+        raise ConfigError(f"config must be a FastdataConfig, got {type(config).__name__}")
+    if plan is not None and not isinstance(plan, NodePlan):
+        raise ConfigError(f"plan must be a NodePlan or None, got {type(plan).__name__}")
+    if options is not None and not isinstance(options, WarmConfig):
+        raise ConfigError(f"options must be a WarmConfig, got {type(options).__name__}")
+    if progress is not None and not callable(getattr(progress, "update", None)):
+        raise ConfigError(f"progress must have an update(status) method, got {progress!r}")
+
+
+def warm(
+    spec: DatasetSpec,
+    *,
+    config: FastdataConfig | None = None,
+    plan: NodePlan | None = None,
+    options: WarmConfig | None = None,
+    progress: WarmProgress | None = None,
+) -> WarmResult:
+    """Fill the node's LMDB cache with a dataset's samples; rerun to resume.
+
+    Selects the whole dataset, or with ``plan`` exactly the samples this node's ranks
+    read in the planned epochs (the loader's own epoch plan), cut to the cache budget
+    ``config.cache.max_bytes`` (NOTE[warm-budget]). Samples already cached for their
+    current fingerprint are not fetched; other ``warm`` processes on the node share the
+    work (NOTE[warm-claims]); the request rate drops while the store throttles
+    (NOTE[warm-throttle]). Objects that cannot be read are reported, after everything
+    else is warmed.
+
+    Args:
+        spec: The dataset, with the options ``fastdata.Dataset`` gets.
+        config: Settings (cache dir and budget, store retries); default from the
+            environment.
+        plan: Warm only what this node reads (``None``: the whole dataset).
+        options: Concurrency and memory bounds.
+        progress: Told about the run a few times per second.
+
+    Returns:
+        What was selected, found, fetched and failed.
+
+    Raises:
+        ConfigError: A bad argument, the cache is disabled, or nothing to read.
+        CacheError: The cache directory cannot be used.
+        StoreError: The dataset cannot be listed or indexed.
+    """
+    _check_args(spec, config, plan, options, progress)
+    config = config or FastdataConfig.from_environ()
+    options = options or WarmConfig()
+    if not config.cache.enabled:
+        raise ConfigError(
+            "the cache is disabled (FASTDATA_CACHE_ENABLED=false): there is nothing to warm"
+        )
+    started = time.monotonic()
+    cache_dir = config.cache.resolved_dir()
+    store_config = dataclasses.replace(config.store, max_concurrency=options.concurrency)
+    store = Store(spec.url, storage_options=dict(spec.storage_options), config=store_config)
+    try:
+        index = spec.open(store, cache_dir)
+        with LmdbTier(config.cache) as tier:
+            tier.register_dataset(index.dataset_id, num_samples=len(index), name=index.url)
+            return _warm_index(index, store, tier, plan, options, progress, started)
+    finally:
+        store.close()
+
+
+def _warm_index(
+    index: SampleIndex,
+    store: Store,
+    tier: LmdbTier,
+    plan: NodePlan | None,
+    options: WarmConfig,
+    progress: WarmProgress | None,
+    started: float,
+) -> WarmResult:
+    selection = select(index, plan, tier)
+    present = present_mask(tier, index, selection.ids)
+    missing, missing_est = selection.ids[~present], selection.est_bytes[~present]
+    index_s = time.monotonic() - started
+    if selection.over_budget:
+        logger.warning(
+            "the cache budget holds %d of the %d samples wanted (%d bytes of %d in the "
+            "cache); warming those. Raise --max-bytes to warm all",
+            len(selection.ids),
+            selection.wanted,
+            selection.room_bytes,
+            selection.wanted_cost_bytes,
+        )
+    before, tier_before = store.stats(), tier.stats()
+    loop = FetchLoop(index, store, tier, ClaimFile.open(tier.root, index.dataset_id), options)
+    loop.status.samples = len(selection.ids)
+    loop.status.already_cached = int(present.sum())
+    loop.status.to_fetch = len(missing)
+    loop.status.to_fetch_bytes = int(missing_est.sum())
+    fetch_started = time.monotonic()
+    try:
+        loop.run(_units(index, missing, missing_est, options), progress)
+    finally:
+        loop.claims.close()
+    seconds = time.monotonic() - fetch_started
+    after, tier_after = store.stats(), tier.stats()
+    summary = loop.summary()
+    return WarmResult(
+        url=index.url,
+        dataset_id=index.dataset_id.hex(),
+        dataset_samples=len(index),
+        selection="plan" if plan is not None else "all",
+        samples=len(selection.ids),
+        selected_bytes=int(selection.est_bytes.sum()),
+        over_budget=selection.over_budget,
+        budget_bytes=tier.config.max_bytes,
+        already_cached=loop.status.already_cached,
+        fetched=loop.status.fetched,
+        failed=loop.status.failed,
+        not_admitted=summary["not_admitted"],
+        failed_objects=_failed_objects(index, loop.failures),
+        bytes=after.bytes_read - before.bytes_read,
+        bytes_written=tier_after.bytes_written - tier_before.bytes_written,
+        requests=after.requests - before.requests,
+        retried=after.retries - before.retries,
+        throttled=after.throttled - before.throttled,
+        concurrency=options.concurrency,
+        concurrency_min=summary["concurrency_min"],
+        concurrency_decreases=summary["concurrency_decreases"],
+        seconds=seconds,
+        index_seconds=index_s,
+    )

@@ -1,0 +1,298 @@
+"""``fastdata warm`` as a process against the real S3-compatible server (SeaweedFS).
+
+Every run goes through the fault proxy, which counts GET requests per object, so the
+tests can say exactly which objects each run fetched: a rerun after ``kill -9`` fetches
+only what was not committed, two concurrent runs fetch each object once between them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import fastdata
+from fastdata import record
+from fastdata.cache import LmdbTier
+from fastdata.config import CacheConfig
+from fastdata.index import SampleIndex, open_index
+from fastdata.store import Store
+from fastdata.testing.faultproxy import Fault, FaultProxy
+from fastdata.testing.seaweedfs import ACCESS_KEY, SECRET_KEY
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+OBJECTS = 160
+
+
+def payload(i: int) -> bytes:
+    rng = np.random.default_rng(1000 + i)
+    return rng.integers(0, 256, 20_000 + 331 * i, dtype=np.uint8).tobytes()
+
+
+@pytest.fixture
+def source(s3_bucket: Any) -> dict[str, bytes]:
+    """``OBJECTS`` objects under ``ds/`` (path relative to the dataset URL -> bytes)."""
+    items = {f"{i // 40}/{i:04d}.bin": payload(i) for i in range(OBJECTS)}
+    with Store(f"{s3_bucket.url}/ds", storage_options=s3_bucket.storage_options) as store:
+        store.put_many(list(items.items()))
+    return items
+
+
+@pytest.fixture
+def proxy(s3_bucket: Any) -> Iterator[FaultProxy]:
+    with FaultProxy(s3_bucket.endpoint_url) as p:
+        yield p
+
+
+def options_via(endpoint: str) -> dict[str, Any]:
+    return {
+        "key": ACCESS_KEY,
+        "secret": SECRET_KEY,
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+    }
+
+
+def warm_argv(url: str, endpoint: str, cache_dir: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "fastdata",
+        "warm",
+        url,
+        "--layout",
+        "files",
+        "--storage-option",
+        f"key={ACCESS_KEY}",
+        "--storage-option",
+        f"secret={SECRET_KEY}",
+        "--storage-option",
+        'client_kwargs={"region_name": "us-east-1"}',
+        "--endpoint-url",
+        endpoint,
+        "--cache-dir",
+        str(cache_dir),
+        "--json",
+        "--log-interval",
+        "0.2",
+        *extra,
+    ]
+
+
+def run_warm(
+    url: str, endpoint: str, cache_dir: Path, *extra: str, env: dict[str, str] | None = None
+) -> tuple[int, dict[str, Any], str]:
+    done = subprocess.run(
+        warm_argv(url, endpoint, cache_dir, *extra),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    return done.returncode, json.loads(done.stdout), done.stderr
+
+
+def cache_config(cache_dir: Path) -> CacheConfig:
+    return CacheConfig(dir=str(cache_dir), min_free_bytes=0)
+
+
+def cached_paths(index: SampleIndex, cache_dir: Path, expected: dict[str, bytes]) -> set[str]:
+    """Objects whose sample the cache serves; each is checked byte for byte."""
+    ids = np.arange(len(index))
+    found: set[str] = set()
+    with (
+        LmdbTier(cache_config(cache_dir)) as tier,
+        tier.get_many(index.keys(ids), index.fingerprints(ids)) as lease,
+    ):
+        for i, buf in zip(ids.tolist(), lease.buffers, strict=True):
+            if buf is None:
+                continue
+            path = index.object_info(int(index.locations([i])["obj"][0])).path
+            assert bytes(record.decode(buf)["data"]) == expected[path], path
+            found.add(path)
+    return found
+
+
+def gets(proxy: FaultProxy, bucket: str, paths: Any) -> dict[str, int]:
+    return {p: proxy.requests(path=f"/{bucket}/ds/{p}", method="GET") for p in paths}
+
+
+def open_ds(s3_bucket: Any, cache_dir: Path) -> SampleIndex:
+    return open_index(
+        f"{s3_bucket.url}/ds",
+        layout="files",
+        storage_options=s3_bucket.storage_options,
+        cache_dir=cache_dir,
+    )
+
+
+def test_kill_9_mid_warm_then_rerun_fetches_only_what_is_missing(
+    s3_bucket: Any, source: dict[str, bytes], proxy: FaultProxy, tmp_path: Path
+) -> None:
+    cache_dir = tmp_path / "cache"
+    url = f"{s3_bucket.url}/ds"
+    proxy.add(Fault.delay(0.06), times=None, method="GET")
+    first = subprocess.Popen(
+        warm_argv(
+            url, proxy.endpoint_url, cache_dir, "--concurrency", "2", "--claim-bytes", "256KiB"
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=REPO,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        entries = 0
+        while entries < OBJECTS // 8:
+            assert first.poll() is None, "the first warm finished before it could be killed"
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+            if (cache_dir / "lmdb").is_dir():
+                with LmdbTier(cache_config(cache_dir)) as tier:
+                    entries = sum(d.entries for d in tier.datasets())
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait(timeout=30)
+    proxy.clear()
+
+    index = open_ds(s3_bucket, cache_dir)
+    before = cached_paths(index, cache_dir, source)
+    assert OBJECTS // 8 <= len(before) < OBJECTS
+    counts_before = gets(proxy, s3_bucket.bucket, source)
+
+    code, summary, _ = run_warm(url, proxy.endpoint_url, cache_dir)
+    assert code == 0
+    assert summary["already_cached"] == len(before)
+    assert summary["fetched"] == OBJECTS - len(before)
+    assert summary["failed"] == 0
+    new_gets = {p: n - counts_before[p] for p, n in gets(proxy, s3_bucket.bucket, source).items()}
+    assert all(new_gets[p] == 0 for p in before)  # nothing complete was fetched again
+    assert all(new_gets[p] == 1 for p in set(source) - before)
+    assert cached_paths(index, cache_dir, source) == set(source)
+
+    code, again, _ = run_warm(url, proxy.endpoint_url, cache_dir)
+    assert code == 0
+    assert (again["fetched"], again["requests"], again["already_cached"]) == (0, 0, OBJECTS)
+
+
+def test_two_concurrent_warms_fetch_each_object_once(
+    s3_bucket: Any, source: dict[str, bytes], proxy: FaultProxy, tmp_path: Path
+) -> None:
+    cache_dir = tmp_path / "cache"
+    url = f"{s3_bucket.url}/ds"
+    open_ds(s3_bucket, cache_dir)  # both runs then start from the saved index
+    proxy.add(Fault.delay(0.02), times=None, method="GET")
+    argv = warm_argv(
+        url, proxy.endpoint_url, cache_dir, "--concurrency", "4", "--claim-bytes", "256KiB"
+    )
+    runs = [
+        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        for _ in range(2)
+    ]
+    results = []
+    for run in runs:
+        out, err = run.communicate(timeout=240)
+        assert run.returncode == 0, err
+        assert "Traceback" not in err
+        results.append(json.loads(out))
+    assert sum(r["fetched"] for r in results) == OBJECTS
+    assert all(r["fetched"] > 0 for r in results)  # the work was shared
+    per_object = gets(proxy, s3_bucket.bucket, source)
+    assert sum(per_object.values()) == OBJECTS
+    assert set(per_object.values()) == {1}
+    index = open_ds(s3_bucket, cache_dir)
+    assert cached_paths(index, cache_dir, source) == set(source)
+
+
+def test_warm_through_503_slowdown_completes_and_reports_throttling(
+    s3_bucket: Any, source: dict[str, bytes], proxy: FaultProxy, tmp_path: Path
+) -> None:
+    cache_dir = tmp_path / "cache"
+    open_ds(s3_bucket, cache_dir)
+    proxy.add(Fault.slow_down(retry_after_s=0.05), times=24, method="GET")
+    code, summary, stderr = run_warm(
+        f"{s3_bucket.url}/ds", proxy.endpoint_url, cache_dir, "--concurrency", "8"
+    )
+    assert code == 0, stderr
+    assert summary["fetched"] == OBJECTS
+    assert summary["throttled"] == 24
+    assert summary["retried"] >= 24
+    assert summary["concurrency_decreases"] >= 1
+    assert summary["concurrency_min"] < 8
+    assert "the store throttled: concurrency went from 8 down to" in stderr
+    assert cached_paths(open_ds(s3_bucket, cache_dir), cache_dir, source) == set(source)
+
+
+def test_partial_failure_names_the_missing_and_the_denied_object(
+    s3_bucket: Any, source: dict[str, bytes], proxy: FaultProxy, tmp_path: Path
+) -> None:
+    cache_dir = tmp_path / "cache"
+    index = open_ds(s3_bucket, cache_dir)
+    deleted, denied = "1/0050.bin", "3/0123.bin"
+    with Store(f"{s3_bucket.url}/ds", storage_options=s3_bucket.storage_options) as store:
+        store.delete_many([deleted])
+    proxy.add(Fault.access_denied(), times=None, method="GET", path=f"/ds/{denied}$")
+    code, summary, stderr = run_warm(f"{s3_bucket.url}/ds", proxy.endpoint_url, cache_dir)
+    assert code == 1
+    failed = {f["path"]: f["kind"] for f in summary["failed_objects"]}
+    assert failed == {deleted: "missing", denied: "denied"}
+    assert (summary["failed"], summary["fetched"]) == (2, OBJECTS - 2)
+    assert "2 objects could not be fetched (2 samples not warmed)" in stderr
+    assert deleted in stderr
+    assert denied in stderr
+    assert cached_paths(index, cache_dir, source) == set(source) - {deleted, denied}
+
+
+def test_plan_aware_warm_of_two_nodes_is_what_their_loaders_read(
+    s3_bucket: Any, source: dict[str, bytes], proxy: FaultProxy, tmp_path: Path
+) -> None:
+    url = f"{s3_bucket.url}/ds"
+    plan_args = ["--plan", "--batch-size", "6", "--seed", "3", "--epochs", "2"]
+    covered: set[str] = set()
+    for node in range(2):
+        cache_dir = tmp_path / f"node{node}"
+        env = {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": str(node)}
+        code, summary, _ = run_warm(url, proxy.endpoint_url, cache_dir, *plan_args, env=env)
+        assert code == 0
+        assert summary["selection"] == "plan"
+        index = open_ds(s3_bucket, cache_dir)
+        warmed = cached_paths(index, cache_dir, source)
+        assert len(warmed) == summary["samples"] == summary["fetched"] < OBJECTS
+        covered |= warmed
+
+        # The node's DataLoaders read exactly the warmed samples, and all from the cache.
+        read: set[str] = set()
+        gets_before = proxy.requests(method="GET")
+        dataset = fastdata.Dataset(
+            url,
+            layout="files",
+            cache_dir=cache_dir,
+            seed=3,
+            storage_options=options_via(proxy.endpoint_url),
+        )
+        with dataset:
+            for rank in (2 * node, 2 * node + 1):
+                loader = fastdata.DataLoader(dataset, batch_size=6, world_size=4, rank=rank)
+                for _ in range(2):
+                    for batch in loader:
+                        for i in batch["__id__"].tolist():
+                            obj = int(index.locations([i])["obj"][0])
+                            read.add(index.object_info(obj).path)
+        assert read == warmed
+        assert proxy.requests(method="GET") == gets_before
+    assert len(covered) > OBJECTS * 3 // 4  # two epochs of half the ranks each
