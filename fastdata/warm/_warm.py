@@ -171,31 +171,36 @@ def warm(
             "the cache is disabled (FASTDATA_CACHE_ENABLED=false): there is nothing to warm"
         )
     started = time.monotonic()
-    cache_dir = config.cache.resolved_dir()
     store_config = dataclasses.replace(config.store, max_concurrency=options.concurrency)
     store = Store(spec.url, storage_options=dict(spec.storage_options), config=store_config)
-    try:
-        index = spec.open(store, cache_dir)
-        with LmdbTier(config.cache) as tier:
-            tier.register_dataset(index.dataset_id, num_samples=len(index), name=index.url)
-            return _warm_index(index, store, tier, plan, options, progress, started)
-    finally:
-        store.close()
+    with store, LmdbTier(config.cache) as tier:
+        index = spec.open(store, config.cache.resolved_dir())
+        tier.register_dataset(index.dataset_id, num_samples=len(index), name=index.url)
+        selection = select(index, plan, tier)
+        present = present_mask(tier, index, selection.ids)
+        index_s = time.monotonic() - started
+        _warn_over_budget(selection)
+        loop = FetchLoop(index, store, tier, ClaimFile.open(tier.root, index.dataset_id), options)
+        try:
+            phase = _fetch_missing(loop, selection, present, progress)
+        finally:
+            loop.claims.close()
+    return _result(loop, selection, phase, plan_used=plan is not None, index_s=index_s)
 
 
-def _warm_index(
-    index: SampleIndex,
-    store: Store,
-    tier: LmdbTier,
-    plan: NodePlan | None,
-    options: WarmConfig,
-    progress: WarmProgress | None,
-    started: float,
-) -> WarmResult:
-    selection = select(index, plan, tier)
-    present = present_mask(tier, index, selection.ids)
-    missing, missing_est = selection.ids[~present], selection.est_bytes[~present]
-    index_s = time.monotonic() - started
+@dataclasses.dataclass(frozen=True)
+class _Phase:
+    """Store and cache counters over the fetch phase of one run."""
+
+    seconds: float
+    bytes: int
+    requests: int
+    retries: int
+    throttled: int
+    bytes_written: int
+
+
+def _warn_over_budget(selection: Selection) -> None:
     if selection.over_budget:
         logger.warning(
             "the cache budget holds %d of the %d samples wanted (%d bytes of %d in the "
@@ -205,42 +210,58 @@ def _warm_index(
             selection.room_bytes,
             selection.wanted_cost_bytes,
         )
-    before, tier_before = store.stats(), tier.stats()
-    loop = FetchLoop(index, store, tier, ClaimFile.open(tier.root, index.dataset_id), options)
-    loop.status.samples = len(selection.ids)
-    loop.status.already_cached = int(present.sum())
-    loop.status.to_fetch = len(missing)
-    loop.status.to_fetch_bytes = int(missing_est.sum())
-    fetch_started = time.monotonic()
-    try:
-        loop.run(_units(index, missing, missing_est, options), progress)
-    finally:
-        loop.claims.close()
-    seconds = time.monotonic() - fetch_started
-    after, tier_after = store.stats(), tier.stats()
-    summary = loop.summary()
+
+
+def _fetch_missing(
+    loop: FetchLoop, selection: Selection, present: np.ndarray, progress: WarmProgress | None
+) -> _Phase:
+    missing, missing_est = selection.ids[~present], selection.est_bytes[~present]
+    status = loop.status
+    status.samples = len(selection.ids)
+    status.already_cached = int(present.sum())
+    status.to_fetch = len(missing)
+    status.to_fetch_bytes = int(missing_est.sum())
+    before, tier_before = loop.store.stats(), loop.tier.stats()
+    started = time.monotonic()
+    loop.run(_units(loop.index, missing, missing_est, loop.options), progress)
+    seconds = time.monotonic() - started
+    after, tier_after = loop.store.stats(), loop.tier.stats()
+    return _Phase(
+        seconds=seconds,
+        bytes=after.bytes_read - before.bytes_read,
+        requests=after.requests - before.requests,
+        retries=after.retries - before.retries,
+        throttled=after.throttled - before.throttled,
+        bytes_written=tier_after.bytes_written - tier_before.bytes_written,
+    )
+
+
+def _result(
+    loop: FetchLoop, selection: Selection, phase: _Phase, *, plan_used: bool, index_s: float
+) -> WarmResult:
+    index, status, summary = loop.index, loop.status, loop.summary()
     return WarmResult(
         url=index.url,
         dataset_id=index.dataset_id.hex(),
         dataset_samples=len(index),
-        selection="plan" if plan is not None else "all",
+        selection="plan" if plan_used else "all",
         samples=len(selection.ids),
         selected_bytes=int(selection.est_bytes.sum()),
         over_budget=selection.over_budget,
-        budget_bytes=tier.config.max_bytes,
-        already_cached=loop.status.already_cached,
-        fetched=loop.status.fetched,
-        failed=loop.status.failed,
+        budget_bytes=loop.tier.config.max_bytes,
+        already_cached=status.already_cached,
+        fetched=status.fetched,
+        failed=status.failed,
         not_admitted=summary["not_admitted"],
         failed_objects=_failed_objects(index, loop.failures),
-        bytes=after.bytes_read - before.bytes_read,
-        bytes_written=tier_after.bytes_written - tier_before.bytes_written,
-        requests=after.requests - before.requests,
-        retried=after.retries - before.retries,
-        throttled=after.throttled - before.throttled,
-        concurrency=options.concurrency,
+        bytes=phase.bytes,
+        bytes_written=phase.bytes_written,
+        requests=phase.requests,
+        retried=phase.retries,
+        throttled=phase.throttled,
+        concurrency=loop.options.concurrency,
         concurrency_min=summary["concurrency_min"],
         concurrency_decreases=summary["concurrency_decreases"],
-        seconds=seconds,
+        seconds=phase.seconds,
         index_seconds=index_s,
     )

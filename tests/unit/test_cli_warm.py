@@ -294,3 +294,40 @@ def test_cli_storage_and_layout_options_reach_the_dataset(dataset: Path, tmp_pat
     index = open_index(str(labelled), layout="files", labels=True, cache_dir=cache)
     assert index.dataset_id.hex() == json.loads(out.stdout)["dataset_id"]
     assert os.listdir(cache / "warm") == [f"{index.dataset_id.hex()}.claims"]
+
+
+def test_a_terminal_gets_a_rich_progress_bar(dataset: Path, tmp_path: Path) -> None:
+    import pty
+    import subprocess
+    import sys
+
+    primary, replica = pty.openpty()
+    env = {**os.environ, "TERM": "xterm", "COLUMNS": "160"}
+    argv = [sys.executable, "-m", "fastdata", "warm", str(dataset), "--layout", "files"]
+    child = subprocess.Popen(
+        [*argv, "--cache-dir", str(tmp_path / "tty-cache")],
+        stdin=replica,
+        stdout=replica,
+        stderr=replica,
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    os.close(replica)
+    output = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            output += chunk
+    finally:
+        os.close(primary)
+        assert child.wait(timeout=120) == 0
+    text = output.decode("utf-8", "replace")
+    assert "warming" in text
+    assert f"{SAMPLES}/{SAMPLES} samples" in text
+    assert "/s" in text  # the transfer rate column
+    assert "warm: " not in text  # no plain log lines on a terminal
