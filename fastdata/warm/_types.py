@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from fastdata.config import parse_size
-from fastdata.errors import ConfigError
+from fastdata.errors import CacheError, ConfigError, FastdataError
 from fastdata.index import SampleIndex, open_index
 from fastdata.plan import PlanConfig, ShuffleMode
 from fastdata.store import Store
@@ -75,18 +75,28 @@ class DatasetSpec:
         Raises:
             ConfigError: A bad option, or nothing to read at the URL.
             StoreError: The store could not be listed or scanned.
+            CacheError: The index cannot be saved under ``cache_dir``.
         """
-        return open_index(
-            self.url,
-            layout=self.layout,
-            pattern=self.pattern,
-            fields=list(self.fields) if self.fields is not None else None,
-            storage_options=dict(self.storage_options),
-            store=store,
-            cache_dir=cache_dir,
-            consistency=self.consistency,
-            **dict(self.layout_options),
-        )
+        try:
+            return open_index(
+                self.url,
+                layout=self.layout,
+                pattern=self.pattern,
+                fields=list(self.fields) if self.fields is not None else None,
+                storage_options=dict(self.storage_options),
+                store=store,
+                cache_dir=cache_dir,
+                consistency=self.consistency,
+                **dict(self.layout_options),
+            )
+        except FastdataError:
+            raise
+        except OSError as exc:
+            # The index directory under the cache dir (the store's errors are ours).
+            raise CacheError(
+                f"cannot save the index of {self.url} under {cache_dir}/index: {exc}; "
+                "check the cache directory (--cache-dir, FASTDATA_CACHE_DIR)"
+            ) from exc
 
 
 @dataclass(frozen=True)

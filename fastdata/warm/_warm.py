@@ -11,7 +11,7 @@ import numpy as np
 
 from fastdata.cache import LmdbTier
 from fastdata.config import FastdataConfig
-from fastdata.errors import ConfigError
+from fastdata.errors import CacheError, ConfigError
 from fastdata.index import SampleIndex
 from fastdata.store import Store
 from fastdata.warm._claims import ClaimFile
@@ -174,7 +174,8 @@ def warm(
     store_config = dataclasses.replace(config.store, max_concurrency=options.concurrency)
     store = Store(spec.url, storage_options=dict(spec.storage_options), config=store_config)
     with store, LmdbTier(config.cache) as tier:
-        index = spec.open(store, config.cache.resolved_dir())
+        _check_usable(tier)
+        index = spec.open(store, tier.root)
         tier.register_dataset(index.dataset_id, num_samples=len(index), name=index.url)
         selection = select(index, plan, tier)
         present = present_mask(tier, index, selection.ids)
@@ -186,6 +187,17 @@ def warm(
         finally:
             loop.claims.close()
     return _result(loop, selection, phase, plan_used=plan is not None, index_s=index_s)
+
+
+def _check_usable(tier: LmdbTier) -> None:
+    """Fail before any fetch when the LMDB tier cannot be opened."""
+    tier.datasets()  # opens the environment (or degrades the tier)
+    state = tier.stats().state
+    if state != "ok":
+        raise CacheError(
+            f"the LMDB cache at {tier.root} cannot be used ({state}); warming it would "
+            "fetch for nothing. Fix the directory or pass another --cache-dir"
+        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -69,6 +69,14 @@ def data(tmp_path: Path) -> Path:
         (["doctor", "{data}", "--step-time", "0"], "--step-time"),
         (["stats", "--max-bytes", "-1"], "cannot parse size"),
         (["clear", "--dataset", "x", "--cache-dir", "{data}/c"], "needs --yes"),
+        (
+            ["warm", "{data}", "--layout", "files", "--cache-dir", "{data}/0.bin/c"],
+            "cannot be used",
+        ),
+        (
+            ["doctor", "{data}", "--layout", "files", "--cache-dir", "{data}/0.bin/c"],
+            "cannot save the index",
+        ),
     ],
 )
 def test_bad_arguments_exit_2_with_one_clear_line(

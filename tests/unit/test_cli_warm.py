@@ -16,7 +16,7 @@ from fastdata import record
 from fastdata.cache import LmdbTier
 from fastdata.cli import cli
 from fastdata.config import CacheConfig, FastdataConfig
-from fastdata.errors import ConfigError
+from fastdata.errors import CacheError, ConfigError
 from fastdata.index import open_index
 from fastdata.warm import DatasetSpec, NodePlan, WarmConfig, WarmStatus, warm
 
@@ -179,6 +179,11 @@ def test_bad_arguments_raise_config_errors(dataset: Path, config: FastdataConfig
         NodePlan(batch_size=0)
     with pytest.raises(ConfigError, match="no objects"):
         warm(DatasetSpec(str(dataset / "nothing-here"), layout="files"), config=config)
+    blocker = dataset.parent / "not-a-dir"
+    blocker.write_bytes(b"x")
+    unusable = FastdataConfig(cache=CacheConfig(dir=str(blocker / "cache"), min_free_bytes=0))
+    with pytest.raises(CacheError, match="cannot be used"):
+        warm(DatasetSpec(str(dataset), layout="files"), config=unusable)
     disabled = FastdataConfig(cache=CacheConfig(dir=config.cache.dir, enabled=False))
     with pytest.raises(ConfigError, match="disabled"):
         warm(DatasetSpec(str(dataset), layout="files"), config=disabled)
