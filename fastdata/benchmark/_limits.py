@@ -1,0 +1,170 @@
+"""The limits, measured in the same run on the same bytes: what no loader can beat.
+
+* Store ceiling: ``Store.get_many`` of exactly the requests a cold epoch makes (one per
+  sample: the whole object, or the record's byte range in a packed shard, pinned to its
+  ETag), at several concurrencies; the best is the ceiling.
+* GET latency: one sample at a time, sequentially, through the same store.
+* LMDB read: a plain py-lmdb loop over the cache the cold epoch filled (same records,
+  same batch size, shuffled), ``buffers=True``, each record copied once into an aligned
+  batch buffer; with the page cache dropped first (as for fastdata warm), and again with
+  the pages in memory.
+* memcpy: ``numpy.copyto`` between two page-aligned buffers (one core).
+
+Throughput figures are payload MB/s (samples x ``sample_bytes`` / seconds, MB = 1e6
+bytes), the unit of every system in the report.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import numpy as np
+
+from fastdata import record
+from fastdata.benchmark._measure import drop_page_cache, percentiles
+from fastdata.cache.lmdb_tier import HEADER_BYTES
+from fastdata.config import StoreConfig
+from fastdata.index import SampleIndex
+from fastdata.store import ByteRange, Store
+
+__all__ = ["get_latency_ms", "lmdb_read", "memcpy_gb_per_s", "sample_requests", "store_ceiling"]
+
+_CHUNK_REQUESTS = 1024
+
+
+def memcpy_gb_per_s(nbytes: int, repeats: int = 5) -> float:
+    """Best single-core copy rate between two page-aligned buffers, in GB/s."""
+    src = np.frombuffer(record.aligned_empty(nbytes), dtype=np.uint8)
+    dst = np.frombuffer(record.aligned_empty(nbytes), dtype=np.uint8)
+    src.fill(1)
+    dst.fill(0)  # fault every page in before timing
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - started)
+    return nbytes / best / 1e9
+
+
+def sample_requests(index: SampleIndex, sample_ids: Any) -> list[ByteRange]:
+    """The request a cold read makes for each sample (whole object or record range)."""
+    rows = index.locations(np.asarray(sample_ids, dtype=np.int64))
+    starts, ends = index.layout.fetch_spans(rows)
+    out = []
+    for obj, start, end in zip(rows["obj"].tolist(), starts.tolist(), ends.tolist(), strict=True):
+        info = index.object_info(int(obj))
+        whole = start == 0 and end == info.size
+        out.append(ByteRange(info.path, start, None if whole else end, info.etag))
+    return out
+
+
+def store_ceiling(
+    url: str,
+    storage_options: dict[str, Any],
+    requests: Sequence[ByteRange],
+    *,
+    payload_bytes: int,
+    concurrencies: Sequence[int],
+) -> dict[int, float]:
+    """Payload MB/s of ``Store.get_many`` over ``requests`` at each concurrency.
+
+    Each concurrency gets a fresh store, a warm-up request (connections), then every
+    request once, in calls of 1024 requests.
+    """
+    out: dict[int, float] = {}
+    for c in concurrencies:
+        config = StoreConfig(max_concurrency=c)
+        with Store(url, storage_options=storage_options, config=config) as store:
+            store.get_many(list(requests[: min(c, len(requests))]))
+            started = time.perf_counter()
+            got = 0
+            for first in range(0, len(requests), _CHUNK_REQUESTS):
+                parts: list[Any] = store.get_many(list(requests[first : first + _CHUNK_REQUESTS]))
+                got += sum(memoryview(p).nbytes for p in parts)
+                del parts
+            seconds = time.perf_counter() - started
+        if got < payload_bytes:
+            raise RuntimeError(f"the store returned {got} bytes, expected {payload_bytes}")
+        out[c] = payload_bytes / seconds / 1e6
+    return out
+
+
+def get_latency_ms(
+    url: str, storage_options: dict[str, Any], requests: Sequence[ByteRange], count: int
+) -> dict[str, float]:
+    """p50/p99/max of one-sample reads, one after another, in milliseconds."""
+    times = []
+    with Store(url, storage_options=storage_options) as store:
+        store.get_many([requests[0]])  # connection set-up is not a GET's latency
+        for i in range(count):
+            request = requests[(i * 7919) % len(requests)]
+            started = time.perf_counter()
+            store.get_many([request])
+            times.append(time.perf_counter() - started)
+    return percentiles(times)
+
+
+def lmdb_read(
+    lmdb_dir: Path,
+    batches: Sequence[Sequence[bytes]],
+    *,
+    sample_bytes: int,
+    drop_first: bool,
+) -> dict[str, Any]:
+    """Payload MB/s of a plain py-lmdb loop reading ``batches`` of keys into a buffer.
+
+    Args:
+        lmdb_dir: The ``lmdb`` directory of the cache the cold epoch filled (no process
+            of this run may have it open: py-lmdb opens an environment once per process).
+        batches: Cache keys, batch by batch.
+        sample_bytes: Payload bytes per sample (the MB/s unit).
+        drop_first: Drop the page cache before the first pass.
+
+    Returns:
+        ``mb_per_s`` (first pass, page cache dropped when ``drop_first``), ``hot_mb_per_s``
+        (second pass, pages in memory), ``page_cache`` (how it was dropped) and
+        ``missing`` (keys not found: should be 0).
+    """
+    env = lmdb.open(str(lmdb_dir), readonly=True, lock=False, max_dbs=4, subdir=True)
+    try:
+        db = env.open_db(b"records", create=False)
+        with env.begin(db=db, buffers=True) as txn:
+            longest = max(len(txn.get(k) or b"") for k in batches[0])
+        width = max(len(b) for b in batches) * (longest + 64)
+        dest = np.frombuffer(record.aligned_empty(width), dtype=np.uint8)
+        dest.fill(0)
+        how = drop_page_cache([lmdb_dir / "data.mdb"]) if drop_first else "not dropped"
+        cold_s, missing = _read_loop(env, db, batches, dest)
+        hot_s, _ = _read_loop(env, db, batches, dest)
+    finally:
+        env.close()
+    payload = sum(len(b) for b in batches) * sample_bytes
+    return {
+        "mb_per_s": payload / cold_s / 1e6,
+        "hot_mb_per_s": payload / hot_s / 1e6,
+        "page_cache": how,
+        "missing": missing,
+    }
+
+
+def _read_loop(
+    env: Any, db: Any, batches: Sequence[Sequence[bytes]], dest: np.ndarray
+) -> tuple[float, int]:
+    missing = 0
+    started = time.perf_counter()
+    for keys in batches:
+        with env.begin(db=db, buffers=True) as txn:
+            offset = 0
+            for key in keys:
+                view = txn.get(key)
+                if view is None:
+                    missing += 1
+                    continue
+                n = len(view) - HEADER_BYTES
+                dest[offset : offset + n] = np.frombuffer(view, np.uint8, offset=HEADER_BYTES)
+                offset += n
+    return time.perf_counter() - started, missing

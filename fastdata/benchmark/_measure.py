@@ -1,0 +1,195 @@
+"""How every system is timed: the training-loop pass, percentiles, the page cache, the host.
+
+NOTE[bench-pass]: a *pass* is one loop over a loader as a training script writes it::
+
+    started = perf_counter(); it = iter(loader)
+    for each batch:  t = perf_counter(); batch = next(it); wait = perf_counter() - t
+                     [sleep(step_s)]           # the simulated training step
+
+* The throughput pass has no step: samples/s and MB/s are the samples delivered divided
+  by the time from ``iter(loader)`` to the last batch (start-up included).
+* TTFB (time to first batch) is the time from ``iter(loader)`` to the first batch in
+  hand. It does not include opening the dataset (listing the store, building or opening
+  the index), which the report shows separately as ``open_s``.
+* The step pass sleeps ``step_ms`` after every batch: ``time.sleep`` gives the CPU back,
+  as the host thread of a GPU training step does while it waits for the device, so the
+  loader's background threads get the whole machine during the step, as they would in
+  training. (A busy loop would model a CPU-bound step instead, and on a 2-core machine
+  would take one of the two cores away from loading.)
+* Per-batch waits (p50/p90/p99/max) are the ``next()`` times of the step pass from the
+  second batch on: the first batch's wait is the start-up, reported as TTFB. The stall
+  fraction is every wait, the first included, divided by the pass's wall time.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["PassResult", "drop_page_cache", "host_info", "percentiles", "run_pass"]
+
+
+@dataclass
+class PassResult:
+    """What one pass over a loader saw (NOTE[bench-pass])."""
+
+    samples: int
+    """Samples delivered."""
+    batches: int
+    """Batches delivered."""
+    seconds: float
+    """From ``iter()`` to the last batch in hand (throughput) or to the end of the last
+    step (step pass)."""
+    ttfb_s: float
+    """From ``iter()`` to the first batch in hand."""
+    waits_s: list[float] = field(default_factory=list)
+    """``next()`` time of every batch, the first included."""
+    step_s: float = 0.0
+    """The simulated step after each batch."""
+
+    @property
+    def stall_fraction(self) -> float:
+        """Time spent waiting for data divided by the pass's wall time."""
+        return sum(self.waits_s) / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def steady_stall_fraction(self) -> float:
+        """The stall fraction from the second batch on (the epoch start left out)."""
+        if len(self.waits_s) < 2 or not self.seconds:
+            return self.stall_fraction
+        rest = self.seconds - self.ttfb_s
+        return sum(self.waits_s[1:]) / rest if rest > 0 else 0.0
+
+    @property
+    def steady_waits_s(self) -> list[float]:
+        """Per-batch waits after the first batch (the first is the TTFB)."""
+        return self.waits_s[1:] or self.waits_s
+
+
+def count_samples(batch: Any) -> int:
+    """Samples in a batch: a dict with ``__id__`` (fastdata) or a tensor (the baseline)."""
+    if isinstance(batch, dict):
+        return len(batch["__id__"])
+    return int(batch.shape[0])
+
+
+def run_pass(
+    loader: Iterable[Any],
+    *,
+    step_s: float = 0.0,
+    max_batches: int | None = None,
+    count: Callable[[Any], int] = count_samples,
+) -> PassResult:
+    """Iterate ``loader`` like a training loop (NOTE[bench-pass]).
+
+    Args:
+        loader: Anything iterable that yields batches.
+        step_s: Seconds slept after each batch (0: the throughput pass).
+        max_batches: Stop after this many batches (``None``: the whole epoch).
+        count: Samples in one batch.
+
+    Returns:
+        Samples, batches, wall time, TTFB and per-batch waits.
+    """
+    waits: list[float] = []
+    samples = 0
+    started = time.perf_counter()
+    it = iter(loader)
+    last = first_at = started
+    try:
+        while max_batches is None or len(waits) < max_batches:
+            before = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            last = time.perf_counter()
+            if not waits:
+                first_at = last
+            waits.append(last - before)
+            samples += count(batch)
+            del batch
+            if step_s:
+                time.sleep(step_s)
+                last = time.perf_counter()
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+        del it  # torch's multi-process iterator stops its workers when collected
+    return PassResult(samples, len(waits), last - started, first_at - started, waits, step_s)
+
+
+def percentiles(values_s: Sequence[float]) -> dict[str, float]:
+    """p50/p90/p99/max/mean of durations in seconds, in milliseconds."""
+    if not values_s:
+        return {"p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0.0, "mean": 0.0}
+    arr = np.asarray(values_s, dtype=np.float64) * 1e3
+    p50, p90, p99 = np.percentile(arr, [50, 90, 99])
+    return {
+        "p50": float(p50),
+        "p90": float(p90),
+        "p99": float(p99),
+        "max": float(arr.max()),
+        "mean": float(arr.mean()),
+    }
+
+
+def drop_page_cache(paths: Sequence[Path] = ()) -> str:
+    """Drop the kernel page cache; returns how (``drop_caches`` or the fallback).
+
+    Writes ``3`` to ``/proc/sys/vm/drop_caches`` (root only) after ``sync``. Without
+    permission it asks the kernel to drop the pages of ``paths`` alone
+    (``POSIX_FADV_DONTNEED``), which works for clean pages of those files only.
+    """
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return "drop_caches"
+    except OSError:
+        pass
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return "fadvise_dontneed (no permission for /proc/sys/vm/drop_caches)"
+
+
+def host_info() -> dict[str, Any]:
+    """The machine the figures come from: CPU model, cores, memory, OS, versions."""
+    import fastdata
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_bytes = 0
+    try:
+        mem_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_bytes / 1024**3, 1),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "fastdata": fastdata.__version__,
+        "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }

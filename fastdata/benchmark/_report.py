@@ -1,0 +1,237 @@
+"""The report: one JSON-ready dict, the printed table, the targets, and the plot.
+
+The JSON shape is the one of issue 8, with more keys beside it::
+
+    {"config": {...}, "host": {...}, "date": ..., "open_s": ...,
+     "limits": {"store_get_mb_per_s", "lmdb_read_mb_per_s", "memcpy_gb_per_s",
+                "get_latency_ms": {"p50", "p99", ...}, ...},
+     "systems": {"baseline_w0" | "baseline_w2" | "fastdata_cold" | "fastdata_warm" |
+                 "fastdata_hot": {"samples", "samples_per_s", "mb_per_s", "ttfb_s",
+                                  "batch_wait_ms": {"p50", "p90", "p99", "max"},
+                                  "stall_fraction", ...}},
+     "ratios": {...}, "targets": [...], "summary": "data-loading latency ..."}
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastdata.benchmark._config import BenchConfig
+from fastdata.benchmark._measure import percentiles
+from fastdata.benchmark._systems import SystemRun
+
+__all__ = ["SYSTEMS", "build_result", "print_report", "summary_line"]
+
+SYSTEMS = ("baseline_w0", "baseline_w2", "fastdata_cold", "fastdata_warm", "fastdata_hot")
+_LABELS = {
+    "baseline_w0": "baseline w0",
+    "baseline_w1": "baseline w1",
+    "baseline_w2": "baseline w2",
+    "fastdata_cold": "fastdata cold",
+    "fastdata_warm": "fastdata warm",
+    "fastdata_hot": "fastdata hot",
+}
+_LEGEND = (
+    "baseline wN: torch DataLoader over a map-style dataset, one s3fs GET per sample, "
+    "N worker processes; cold: empty cache; warm: LMDB tier only, page cache dropped; "
+    "hot: RAM tier. Waits: per batch, with the training step, from the 2nd batch on."
+)
+_MIN_WIDTH = 132
+#: Which limit each fastdata system is compared with, and the key of its MB/s.
+_LIMIT_OF = {
+    "fastdata_cold": ("store ceiling", "store_get_mb_per_s"),
+    "fastdata_warm": ("raw LMDB read", "lmdb_read_mb_per_s"),
+    "fastdata_hot": ("memcpy", "memcpy_mb_per_s"),
+}
+
+
+def _system_dict(config: BenchConfig, run: SystemRun) -> dict[str, Any]:
+    tp, step = run.throughput, run.step
+    out: dict[str, Any] = {
+        "samples": tp.samples,
+        "samples_per_s": tp.samples / tp.seconds if tp.seconds > 0 else 0.0,
+        "mb_per_s": tp.samples * config.sample_bytes / tp.seconds / 1e6 if tp.seconds else 0.0,
+        "ttfb_s": tp.ttfb_s,
+        "batch_wait_ms": percentiles(step.steady_waits_s),
+        "stall_fraction": step.stall_fraction,
+        "stall_fraction_steady": step.steady_stall_fraction,
+        "seconds": tp.seconds,
+        "batches": tp.batches,
+        "batch_wait_nostep_ms": percentiles(tp.steady_waits_s),
+        "step_pass": {
+            "batches": step.batches,
+            "samples": step.samples,
+            "seconds": step.seconds,
+            "ttfb_s": step.ttfb_s,
+            "step_ms": step.step_s * 1000,
+        },
+        "batch_waits_ms": [w * 1000 for w in step.waits_s],
+    }
+    if run.open_s:
+        out["open_s"] = run.open_s
+    if run.store_samples >= 0:
+        out["store_samples"] = run.store_samples
+    out.update(run.extra)
+    return out
+
+
+def build_result(
+    config: BenchConfig,
+    *,
+    host: dict[str, Any],
+    endpoint: str,
+    upload_s: float,
+    total_s: float,
+    open_s: float,
+    limits: dict[str, Any],
+    systems: dict[str, SystemRun],
+) -> dict[str, Any]:
+    """Everything a run measured, with ratios, targets and the summary line."""
+    limits = dict(limits)
+    limits["memcpy_mb_per_s"] = limits["memcpy_gb_per_s"] * 1000
+    result: dict[str, Any] = {
+        "config": {**config.as_dict(), "endpoint": endpoint, "step": "time.sleep"},
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "host": host,
+        "open_s": open_s,
+        "upload_s": upload_s,
+        "total_s": total_s,
+        "limits": limits,
+        "systems": {name: _system_dict(config, run) for name, run in systems.items()},
+    }
+    result["ratios"] = _ratios(result)
+    result["targets"] = _targets(config, result)
+    result["summary"] = summary_line(result)
+    return result
+
+
+def _ratios(result: dict[str, Any]) -> dict[str, float]:
+    systems, limits = result["systems"], result["limits"]
+    base = systems["baseline_w2"]["samples_per_s"]
+    out: dict[str, float] = {}
+    for name, figures in systems.items():
+        if name != "baseline_w2" and base > 0:
+            out[f"{name}_vs_baseline_w2"] = figures["samples_per_s"] / base
+        if name in _LIMIT_OF:
+            limit = limits[_LIMIT_OF[name][1]]
+            out[f"{name}_vs_limit"] = figures["mb_per_s"] / limit if limit > 0 else 0.0
+    return out
+
+
+def _targets(config: BenchConfig, result: dict[str, Any]) -> list[dict[str, Any]]:
+    systems, ratios = result["systems"], result["ratios"]
+    warm, cold = systems["fastdata_warm"], systems["fastdata_cold"]
+    # The latency target is stated for 256 x 100 KiB batches and a 20 ms step.
+    headline = (config.batch_size, config.sample_bytes, config.step_ms) == (256, 102400, 20.0)
+    rows = [
+        ("warm >= 0.8x raw LMDB read", ratios["fastdata_warm_vs_limit"], 0.8, ">=", True),
+        ("cold >= 0.8x store ceiling", ratios["fastdata_cold_vs_limit"], 0.8, ">=", True),
+        ("warm p99 batch wait <= 1 ms", warm["batch_wait_ms"]["p99"], 1.0, "<=", headline),
+        ("warm stall fraction < 1%", warm["stall_fraction"], 0.01, "<", headline),
+        ("warm >= 10x baseline w2", ratios["fastdata_warm_vs_baseline_w2"], 10.0, ">=", True),
+        ("cold >= 10x baseline w2", ratios["fastdata_cold_vs_baseline_w2"], 10.0, ">=", True),
+        ("cold time to first batch <= 0.5 s", cold["ttfb_s"], 0.5, "<=", True),
+    ]
+    out = []
+    for name, value, bound, op, applies in rows:
+        met = {">=": value >= bound, "<=": value <= bound, "<": value < bound}[op]
+        out.append({"target": name, "value": value, "bound": bound, "met": met, "applies": applies})
+    return out
+
+
+def summary_line(result: dict[str, Any]) -> str:
+    """The plain comparison: the baseline's median batch wait against warm's.
+
+    The median of the 0-worker baseline is its typical wait; with 2 workers the waits
+    alternate between near zero and a whole batch (the workers finish batches in
+    pairs), so its median says little and the mean is given beside it.
+    """
+    config, systems = result["config"], result["systems"]
+    base0 = systems["baseline_w0"]["batch_wait_ms"]
+    base2 = systems["baseline_w2"]["batch_wait_ms"]
+    warm = systems["fastdata_warm"]["batch_wait_ms"]
+    batch = f"{config['batch_size']} x {_size(config['sample_bytes'])}"
+    return (
+        f"data-loading latency {base0['p50']:,.0f} ms -> {warm['p50']:.2f} ms "
+        f"({base0['p50'] / max(warm['p50'], 1e-6):,.0f}x): median wait per batch of "
+        f"{batch} with a {config['step_ms']:g} ms training step, torch DataLoader + s3fs "
+        f"(num_workers=0) vs fastdata warm (LMDB, page cache dropped). With num_workers=2 "
+        f"the baseline's median is {base2['p50']:,.1f} ms and its mean {base2['mean']:,.0f} ms "
+        f"(its two workers deliver batches in pairs); fastdata warm's mean is "
+        f"{warm['mean']:.2f} ms ({base2['mean'] / max(warm['mean'], 1e-6):,.0f}x less)."
+    )
+
+
+def _size(nbytes: int) -> str:
+    if nbytes % 1024 == 0:
+        return f"{nbytes // 1024} KiB"
+    return f"{nbytes} B"
+
+
+def print_report(result: dict[str, Any], console: Any = None) -> None:
+    """Print the systems table, the limits, the targets and the summary with rich."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if console is None:
+        console = Console()
+        console = Console(width=max(console.width, _MIN_WIDTH))
+    config, limits = result["config"], result["limits"]
+    table = Table(
+        title=(
+            f"fastdata bench: {config['samples']} x {_size(config['sample_bytes'])} "
+            f"({config['layout']}), batch {config['batch_size']}, step {config['step_ms']:g} ms"
+        ),
+    )
+    for column in ("system", "samples", "samples/s", "MB/s", "TTFB s"):
+        table.add_column(column, justify="left" if column == "system" else "right")
+    for column in ("wait p50 ms", "p90", "p99", "max", "stall", "x base w2", "x limit"):
+        table.add_column(column, justify="right")
+    for name, s in result["systems"].items():
+        wait = s["batch_wait_ms"]
+        vs_base = result["ratios"].get(f"{name}_vs_baseline_w2")
+        vs_limit = result["ratios"].get(f"{name}_vs_limit")
+        table.add_row(
+            _LABELS.get(name, name),
+            str(s["samples"]),
+            f"{s['samples_per_s']:,.0f}",
+            f"{s['mb_per_s']:,.1f}",
+            f"{s['ttfb_s']:.3f}",
+            _ms(wait["p50"]),
+            _ms(wait["p90"]),
+            _ms(wait["p99"]),
+            _ms(wait["max"]),
+            f"{100 * s['stall_fraction']:.1f}%",
+            "" if vs_base is None else f"{vs_base:,.1f}x",
+            "" if vs_limit is None else f"{vs_limit:.2f}x {_LIMIT_OF[name][0]}",
+        )
+    console.print(table)
+    console.print(_LEGEND)
+    latency = limits["get_latency_ms"]
+    console.print(
+        f"limits: store ceiling {limits['store_get_mb_per_s']:,.1f} MB/s "
+        f"(Store.get_many, concurrency {limits['store_best_concurrency']}); "
+        f"GET latency p50 {latency['p50']:.2f} ms, p99 {latency['p99']:.2f} ms; "
+        f"raw LMDB read {limits['lmdb_read_mb_per_s']:,.1f} MB/s "
+        f"({limits['page_cache']}; {limits['lmdb_read_hot_mb_per_s']:,.1f} MB/s in memory); "
+        f"memcpy {limits['memcpy_gb_per_s']:.1f} GB/s"
+    )
+    console.print(
+        f"dataset open (listing + index): {result['open_s']:.3f} s; upload "
+        f"{result['upload_s']:.1f} s; whole run {result['total_s']:.1f} s"
+    )
+    for t in result["targets"]:
+        verdict = ("met" if t["met"] else "MISSED") if t["applies"] else "n/a at this size"
+        console.print(f"target {t['target']}: {t['value']:.3g} ({verdict})")
+    console.print(result["summary"])
+    host = result["host"]
+    console.print(
+        f"{result['date']}; {host['cpu']}, {host['cores']} cores, {host['memory_gib']} GiB, "
+        f"{host['os']}, Python {host['python']}; load average {host['load_avg_1m']:.2f} "
+        f"at start, {host['load_avg_1m_end']:.2f} at end"
+    )
+
+
+def _ms(value: float) -> str:
+    return f"{value:.2f}" if value < 100 else f"{value:,.0f}"

@@ -1,0 +1,196 @@
+"""One benchmark run: server, data, every measurement in a fixed order, clean-up.
+
+Order (each step sees the same server, data and machine): generate and upload the data;
+open it once (listing + index, timed); the store limits (ceiling, GET latency) and
+memcpy; the baselines (torch DataLoader + s3fs, 0 and 2 workers); fastdata cold; the
+raw LMDB read limit on the cache cold filled; fastdata warm; fastdata hot. Whatever
+happens, the run deletes the objects it wrote (NOTE[bench-ownership]), removes its
+temporary cache directories and stops the server it started.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fastdata.benchmark import _limits
+from fastdata.benchmark._baseline import S3SampleDataset, run_baseline
+from fastdata.benchmark._config import BenchConfig
+from fastdata.benchmark._data import BenchData, generate
+from fastdata.benchmark._measure import drop_page_cache, host_info
+from fastdata.benchmark._report import build_result
+from fastdata.benchmark._systems import SystemRun, open_dataset, run_cold, run_hot, run_warm
+
+__all__ = ["run_benchmark"]
+
+_MEMCPY_BYTES = 256 * 1024**2
+_QUICK_MEMCPY_BYTES = 32 * 1024**2
+
+
+def _server_options(config: BenchConfig) -> tuple[Any, dict[str, Any]]:
+    """``(server or None, storage options)``: the embedded server, or the given endpoint."""
+    if config.endpoint_url is None:
+        from fastdata.testing.seaweedfs import SeaweedServer
+
+        server = SeaweedServer().start()
+        try:
+            server.create_bucket(config.bucket)
+        except BaseException:
+            server.stop()
+            raise
+        return server, dict(server.storage_options)
+    options = dict(config.storage_options)
+    client = dict(options.get("client_kwargs") or {})
+    client["endpoint_url"] = config.endpoint_url
+    options["client_kwargs"] = client
+    return None, options
+
+
+def run_benchmark(
+    config: BenchConfig, *, progress: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Run every measurement of ``config`` and return the report as plain data.
+
+    Args:
+        config: What to measure (``BenchConfig.for_quick()`` for CI).
+        progress: Called with a short line as each phase starts.
+
+    Returns:
+        The JSON-ready result (docs/benchmark.md describes every key).
+
+    Raises:
+        StoreError: The server failed or refused a request.
+        ConfigError: A bad setting.
+    """
+    say = progress or (lambda line: None)
+    started = time.perf_counter()
+    host = host_info()
+    say("starting the embedded SeaweedFS server" if config.endpoint_url is None else "")
+    server, options = _server_options(config)
+    work = Path(tempfile.mkdtemp(prefix="fastdata-bench-"))
+    data: BenchData | None = None
+    try:
+        say(f"writing {config.samples} samples x {config.sample_bytes} bytes ({config.layout})")
+        data = generate(config, options)
+        measured = _measure_all(config, data, work, say)
+    finally:
+        if data is not None:
+            data.delete()
+        shutil.rmtree(work, ignore_errors=True)
+        if server is not None:
+            server.stop()
+    host["load_avg_1m_end"] = host_info()["load_avg_1m"]
+    endpoint = config.endpoint_url or "embedded SeaweedFS (127.0.0.1)"
+    return build_result(
+        config,
+        host=host,
+        endpoint=endpoint,
+        upload_s=data.upload_s,
+        total_s=time.perf_counter() - started,
+        **measured,
+    )
+
+
+def _measure_all(
+    config: BenchConfig, data: BenchData, work: Path, say: Callable[[str], None]
+) -> dict[str, Any]:
+    say("opening the dataset (listing + index)")
+    probe, open_s = open_dataset(data, work / "cache-probe", ram_bytes=0, seed=config.seed)
+    index = probe.index
+    probe.close()
+    ids = np.arange(len(index))
+    if len(index) != config.samples:
+        raise RuntimeError(f"the index holds {len(index)} samples, {config.samples} written")
+    requests = _limits.sample_requests(index, ids)
+    limits = _store_limits(config, data, requests, say)
+    say("memcpy bandwidth")
+    limits["memcpy_gb_per_s"] = _limits.memcpy_gb_per_s(
+        _QUICK_MEMCPY_BYTES if config.quick else _MEMCPY_BYTES
+    )
+    systems: dict[str, SystemRun] = {}
+    root = data.url.removeprefix("s3://")
+    baseline = S3SampleDataset(root, requests, options_for_s3fs(data), packed=_packed(config))
+    for workers in (0, 2):
+        say(f"baseline: torch DataLoader + s3fs, num_workers={workers}")
+        throughput, step = run_baseline(
+            baseline,
+            batch_size=config.batch_size,
+            num_workers=workers,
+            epochs=config.epochs,
+            step_s=config.step_ms / 1000,
+            step_batches=config.baseline_step_batches,
+            seed=config.seed,
+        )
+        systems[f"baseline_w{workers}"] = SystemRun(throughput, step, store_samples=-1)
+    say("fastdata cold (empty cache)")
+    systems["fastdata_cold"], cache_dir = run_cold(config, data, work)
+    say("raw LMDB read limit (py-lmdb loop)")
+    lmdb_dir = cache_dir / "lmdb"
+    rng = np.random.default_rng(config.seed + 1)
+    order = rng.permutation(len(index))
+    keys = index.keys(order)
+    batches = [keys[i : i + config.batch_size] for i in range(0, len(keys), config.batch_size)]
+    lmdb = _limits.lmdb_read(lmdb_dir, batches, sample_bytes=config.sample_bytes, drop_first=True)
+    limits["lmdb_read_mb_per_s"] = lmdb["mb_per_s"]
+    limits["lmdb_read_hot_mb_per_s"] = lmdb["hot_mb_per_s"]
+    limits["lmdb_missing"] = lmdb["missing"]
+    limits["page_cache"] = lmdb["page_cache"]
+
+    def drop() -> str:
+        return drop_page_cache([lmdb_dir / "data.mdb"])
+
+    say("fastdata warm (LMDB tier, RAM tier off, page cache dropped)")
+    systems["fastdata_warm"] = run_warm(config, data, cache_dir, drop)
+    say("fastdata hot (RAM tier)")
+    systems["fastdata_hot"] = run_hot(config, data, cache_dir)
+    return {"open_s": open_s, "limits": limits, "systems": systems}
+
+
+def _store_limits(
+    config: BenchConfig, data: BenchData, requests: list[Any], say: Callable[[str], None]
+) -> dict[str, Any]:
+    concurrencies = (32,) if config.quick else (16, 32, 64, 128)
+    say(f"store ceiling: Store.get_many at concurrency {', '.join(map(str, concurrencies))}")
+    # The sweep reads a quarter of the samples at each concurrency; the best one then
+    # reads every sample once, and that is the ceiling.
+    quarter = requests[: max(len(requests) // 4, 1)]
+    by_c = _limits.store_ceiling(
+        data.url,
+        data.storage_options,
+        quarter,
+        payload_bytes=len(quarter) * config.sample_bytes,
+        concurrencies=concurrencies,
+    )
+    best = max(by_c, key=by_c.__getitem__)
+    full = _limits.store_ceiling(
+        data.url,
+        data.storage_options,
+        requests,
+        payload_bytes=config.dataset_bytes,
+        concurrencies=(best,),
+    )
+    say("single GET latency")
+    latency = _limits.get_latency_ms(
+        data.url, data.storage_options, requests, 20 if config.quick else 200
+    )
+    return {
+        "store_get_mb_per_s": full[best],
+        "store_best_concurrency": best,
+        "store_sweep_mb_per_s": {str(c): v for c, v in by_c.items()},
+        "get_latency_ms": latency,
+    }
+
+
+def options_for_s3fs(data: BenchData) -> dict[str, Any]:
+    """The storage options as s3fs takes them (the same dict fastdata gets)."""
+    return dict(data.storage_options)
+
+
+def _packed(config: BenchConfig) -> bool:
+    return config.layout == "packed"
