@@ -142,36 +142,46 @@ def fit_budget(costs: np.ndarray, room: int, *, write_bytes: int = WRITE_BATCH_B
 def claim_units(index: SampleIndex, claim_bytes: int) -> np.ndarray:
     """The claim unit of every sample id (NOTE[warm-claims] in ``_claims.py``).
 
-    Units are runs of consecutive ids of about ``claim_bytes`` source bytes, a pure
-    function of the index, so every process warming the dataset cuts the same units.
-    A unit never splits samples that share one fetch range (Parquet row groups).
+    Units are runs of consecutive ids of about ``claim_bytes`` bytes of fetch ranges, a
+    pure function of the index, so every process warming the dataset cuts the same units.
+    A unit never splits samples that share one fetch range (Parquet row groups): a unit
+    ends at the first range start after its bytes pass a multiple of ``claim_bytes``.
     """
     n = len(index)
     units = np.empty(n, dtype=np.int64)
-    carried = 0
-    last_unit = last_cut = -1
-    previous: tuple[int, int] | None = None
+    carried = 0  # source bytes of the blocks before
+    unit = -1  # the unit of the last sample of the previous block
+    last_cut = -1
+    last_range: tuple[int, int] | None = None
+    owed = 1  # multiples passed since the last range start (the first sample starts one)
     for start in range(0, n, _BLOCK):
         ids = np.arange(start, min(n, start + _BLOCK), dtype=np.int64)
         rows = index.locations(ids)
-        sizes = index.layout.estimate_bytes(rows).astype(np.int64)
-        offsets = carried + np.cumsum(sizes) - sizes
-        carried += int(sizes.sum())
-        cut = offsets // claim_bytes
         obj = rows["obj"].astype(np.int64)
         off = rows["offset"].astype(np.int64)
-        same_range = np.zeros(len(ids), dtype=bool)
-        same_range[1:] = (obj[1:] == obj[:-1]) & (off[1:] == off[:-1])
-        new = np.ones(len(ids), dtype=bool)
-        new[1:] = cut[1:] != cut[:-1]
-        if previous is not None:
-            new[0] = (int(cut[0]) != last_cut) and (int(obj[0]), int(off[0])) != previous
-            same_range[0] = (int(obj[0]), int(off[0])) == previous
-        new &= ~same_range
-        if previous is None:
-            new[0] = True
-        units[start : start + len(ids)] = last_unit + np.cumsum(new)
-        last_unit = int(units[start + len(ids) - 1])
+        range_start = np.ones(len(ids), dtype=bool)
+        range_start[1:] = (obj[1:] != obj[:-1]) | (off[1:] != off[:-1])
+        range_start[0] = last_range != (int(obj[0]), int(off[0]))
+        # Each fetch range counts once, at its first sample, so the cut depends on the
+        # index alone (not on how it is scanned in blocks).
+        sizes = np.where(range_start, rows["length"].astype(np.int64), 0)
+        cut = (carried + np.cumsum(sizes) - sizes) // claim_bytes
+        carried += int(sizes.sum())
+        cut_change = np.ones(len(ids), dtype=np.int64)
+        cut_change[1:] = cut[1:] != cut[:-1]
+        cut_change[0] = int(cut[0]) != last_cut
+        passed = np.cumsum(cut_change)
+        starts = np.flatnonzero(range_start)
+        boundary = np.zeros(len(ids), dtype=bool)
+        if len(starts):
+            since = np.diff(passed[starts], prepend=0)
+            since[0] += owed
+            boundary[starts] = since > 0
+            owed = int(passed[-1] - passed[starts[-1]])
+        else:
+            owed += int(passed[-1])
+        units[start : start + len(ids)] = unit + np.cumsum(boundary)
+        unit = int(units[start + len(ids) - 1])
         last_cut = int(cut[-1])
-        previous = (int(obj[-1]), int(off[-1]))
+        last_range = (int(obj[-1]), int(off[-1]))
     return units

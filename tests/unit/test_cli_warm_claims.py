@@ -129,6 +129,32 @@ def test_claim_units_are_byte_sized_runs_that_keep_shared_ranges_together(
     assert groups.tolist() == [i // 10 for i in range(50)]
 
 
+@pytest.mark.parametrize("claim_bytes", [1, 3000, 20_000, 10**9])
+def test_claim_units_do_not_depend_on_the_scan_block(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, claim_bytes: int
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from fastdata.warm import _select
+
+    rng = np.random.default_rng(0)
+    for f in range(3):
+        blobs = [rng.bytes(int(rng.integers(50, 900))) for _ in range(97)]
+        table = pa.table({"x": np.arange(97), "blob": blobs})
+        pq.write_table(table, tmp_path / f"p{f}.parquet", row_group_size=int(rng.integers(3, 20)))
+    index = open_index(str(tmp_path), layout="parquet", cache_dir=tmp_path / "cache")
+    whole = claim_units(index, claim_bytes)
+    monkeypatch.setattr(_select, "_BLOCK", 7)
+    assert np.array_equal(claim_units(index, claim_bytes), whole)
+    rows = index.locations(np.arange(len(index)))
+    assert whole[0] == 0
+    assert np.all(np.diff(whole) >= 0)
+    assert np.all(np.diff(whole) <= 1)
+    same = (np.diff(rows["obj"].astype(np.int64)) == 0) & (np.diff(rows["offset"]) == 0)
+    assert np.all(np.diff(whole)[same] == 0)  # a row group is never split
+
+
 @dataclass
 class _Stats:
     throttled: int = 0
