@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
 import click
 
@@ -144,7 +146,7 @@ def pack_command(
 # -- warm, stats, doctor, clear (docs/cli.md) -------------------------------------------
 
 
-class _Size(click.ParamType):
+class _Size(click.ParamType):  # type: ignore[type-arg]  # generic only in click >= 8.2
     """A byte size such as ``200GiB`` (``fastdata.config.parse_size``)."""
 
     name = "size"
@@ -160,7 +162,8 @@ class _Size(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
-_SHUFFLES = {
+_F = TypeVar("_F", bound=Callable[..., Any])
+_SHUFFLES: dict[str, Literal["global", "shard_window", "none"]] = {
     "true": "global",
     "false": "none",
     "global": "global",
@@ -179,7 +182,7 @@ _PLAN_FLAGS = (
 )
 
 
-def _dataset_options(command: click.Command) -> click.Command:
+def _dataset_options(command: _F) -> _F:
     """The options that say which dataset, as ``fastdata.Dataset`` takes them."""
     options = [
         click.option(
@@ -230,7 +233,7 @@ def _dataset_options(command: click.Command) -> click.Command:
     return command
 
 
-def _plan_options(command: click.Command) -> click.Command:
+def _plan_options(command: _F) -> _F:
     """``--plan`` and the loader settings that decide what one node reads."""
     options = [
         click.option(
@@ -289,7 +292,7 @@ def _env_int(*names: str) -> int | None:
     return None
 
 
-def _node_plan(params: dict[str, object]) -> object:
+def _node_plan(params: dict[str, Any]) -> Any:
     """The ``NodePlan`` of the plan flags (with torchrun's variables), or ``None``."""
     from fastdata.warm import NodePlan
 
@@ -305,41 +308,41 @@ def _node_plan(params: dict[str, object]) -> object:
     node = params.get("node_rank")
     node = node if node is not None else (_env_int("GROUP_RANK", "NODE_RANK") or 0)
     return NodePlan(
-        batch_size=params["batch_size"],  # type: ignore[arg-type]
-        seed=params.get("seed") or 0,  # type: ignore[arg-type]
-        shuffle=_SHUFFLES[params.get("shuffle") or "global"],  # type: ignore[arg-type]
+        batch_size=params["batch_size"],
+        seed=params.get("seed") or 0,
+        shuffle=_SHUFFLES[params.get("shuffle") or "global"],
         drop_last=bool(params.get("drop_last")),
-        epochs=params.get("epochs") or 1,  # type: ignore[arg-type]
-        first_epoch=params.get("first_epoch") or 0,  # type: ignore[arg-type]
-        world_size=world,  # type: ignore[arg-type]
-        node_rank=node,  # type: ignore[arg-type]
-        ranks_per_node=per_node,  # type: ignore[arg-type]
+        epochs=params.get("epochs") or 1,
+        first_epoch=params.get("first_epoch") or 0,
+        world_size=world,
+        node_rank=node,
+        ranks_per_node=per_node,
     )
 
 
-def _dataset_spec(url: str, params: dict[str, object]) -> object:
+def _dataset_spec(url: str, params: dict[str, Any]) -> Any:
     """The ``DatasetSpec`` of the dataset options (popped from ``params``)."""
     from fastdata.warm import DatasetSpec
 
     endpoint = params.pop("endpoint_url")
     return DatasetSpec(
         url,
-        layout=params.pop("layout"),  # type: ignore[arg-type]
-        pattern=params.pop("pattern"),  # type: ignore[arg-type]
-        fields=list(params.pop("fields")) or None,  # type: ignore[call-overload]
-        storage_options=_storage_options(params.pop("storage_option"), endpoint),  # type: ignore[arg-type]
-        consistency=params.pop("consistency"),  # type: ignore[arg-type]
-        layout_options=_storage_options(params.pop("layout_option"), None),  # type: ignore[arg-type]
+        layout=params.pop("layout"),
+        pattern=params.pop("pattern"),
+        fields=list(params.pop("fields")) or None,
+        storage_options=_storage_options(params.pop("storage_option"), endpoint),
+        consistency=params.pop("consistency"),
+        layout_options=_storage_options(params.pop("layout_option"), None),
     )
 
 
-def _dataset_cfg(url: str, params: dict[str, object]) -> tuple[object, FastdataConfig]:
+def _dataset_cfg(url: str, params: dict[str, Any]) -> tuple[Any, FastdataConfig]:
     """The dataset spec and the config with ``--cache-dir`` and ``--max-bytes`` applied."""
-    cache: dict[str, object] = {}
+    cache: dict[str, Any] = {}
     cache_dir = params.pop("cache_dir", None)
     max_bytes = params.pop("max_bytes", None)
     if cache_dir:
-        cache["dir"] = os.fspath(cache_dir)  # type: ignore[call-overload]
+        cache["dir"] = os.fspath(cache_dir)
     if max_bytes is not None:
         cache["max_bytes"] = max_bytes
     return _dataset_spec(url, params), load_config(cache=cache)
@@ -385,8 +388,7 @@ def _print_json(data: object) -> None:
     help="Seconds between progress lines when not on a terminal.",
 )
 @click.option("--quiet", is_flag=True, help="No progress output.")
-@click.pass_context
-def warm_command(ctx: click.Context, url: str, **params: object) -> None:
+def warm_command(url: str, **params: Any) -> None:
     """Fill this node's cache with the dataset at URL (rerun to resume).
 
     Exit status: 0 when every selected sample is cached, 1 when some objects could
@@ -401,28 +403,28 @@ def warm_command(ctx: click.Context, url: str, **params: object) -> None:
     params.pop("batch_size")
     spec, config = _dataset_cfg(url, params)
     options = WarmConfig(
-        concurrency=params["concurrency"],  # type: ignore[arg-type]
-        max_inflight_bytes=params["max_inflight"],  # type: ignore[arg-type]
-        claim_bytes=params["claim_bytes"],  # type: ignore[arg-type]
+        concurrency=params["concurrency"],
+        max_inflight_bytes=params["max_inflight"],
+        claim_bytes=params["claim_bytes"],
     )
     console = Console(stderr=True)
-    progress: object = None
+    progress: Any = None
     if not params["quiet"]:
         progress = (
             BarProgress(console)
             if console.is_terminal
             else LogProgress(sys.stderr, params["log_interval"])
-        )  # type: ignore[arg-type]
+        )
     if isinstance(progress, BarProgress):
         with progress:
-            result = warm(spec, config=config, plan=plan, options=options, progress=progress)  # type: ignore[arg-type]
+            result = warm(spec, config=config, plan=plan, options=options, progress=progress)
     else:
-        result = warm(spec, config=config, plan=plan, options=options, progress=progress)  # type: ignore[arg-type]
+        result = warm(spec, config=config, plan=plan, options=options, progress=progress)
     if params["as_json"]:
         _print_json(result.as_dict())
     for line in warm_summary(result):
         click.echo(line, err=bool(params["as_json"]))
-    ctx.exit(1 if result.failed else 0)
+    click.get_current_context().exit(1 if result.failed else 0)
 
 
 @cli.command("stats")
@@ -444,7 +446,7 @@ def stats_command(cache_dir: str | None, max_bytes: int | None, as_json: bool) -
     from fastdata.ops import cache_stats
     from fastdata.ops._render import stats_table
 
-    cache: dict[str, object] = {"dir": cache_dir} if cache_dir else {}
+    cache: dict[str, Any] = {"dir": cache_dir} if cache_dir else {}
     if max_bytes is not None:
         cache["max_bytes"] = max_bytes
     report = cache_stats(load_config(cache=cache).cache)
@@ -480,21 +482,21 @@ def stats_command(cache_dir: str | None, max_bytes: int | None, as_json: bool) -
     help="Single-sample reads for the latency percentiles.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-def doctor_command(url: str, **params: object) -> None:
+def doctor_command(url: str, **params: Any) -> None:
     """Measure why training on URL would wait for data, and print advice."""
     from fastdata.ops import DoctorConfig, doctor
     from fastdata.ops._render import doctor_lines
 
     plan = _node_plan(params)
     options = DoctorConfig(
-        latency_samples=params.pop("latency_samples"),  # type: ignore[arg-type]
-        concurrency=params.pop("concurrency"),  # type: ignore[arg-type]
-        batch_size=params.pop("batch_size") or 64,  # type: ignore[arg-type]
-        step_time_s=params.pop("step_time"),  # type: ignore[arg-type]
+        latency_samples=params.pop("latency_samples"),
+        concurrency=params.pop("concurrency"),
+        batch_size=params.pop("batch_size") or 64,
+        step_time_s=params.pop("step_time"),
     )
     as_json = params.pop("as_json")
     spec, config = _dataset_cfg(url, params)
-    report = doctor(spec, config=config, plan=plan, options=options)  # type: ignore[arg-type]
+    report = doctor(spec, config=config, plan=plan, options=options)
     if as_json:
         _print_json(report.as_dict())
         return
@@ -562,9 +564,7 @@ def clear_command(dataset: str | None, cache_dir: str | None, yes: bool, as_json
     "--epochs", type=click.IntRange(min=1), help="Epochs per throughput pass; cold reads one [1]."
 )
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write JSON here.")
-@click.option(
-    "--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG plot here."
-)
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG plot here.")
 @click.option("--quick", is_flag=True, help="CI size: a few seconds of measuring.")
 @click.option(
     "--storage-option",

@@ -296,11 +296,10 @@ class FetchLoop:
         (NOTE[warm-claims]).
         """
         if self._writing is not None:
-            future, units, items, _ = self._writing
-            if not (future.done() or (force and not self._futures)):
+            if not (self._writing[0].done() or (force and not self._futures)):
                 return
-            self._writing = None
-            self._after_write(units, items, future.result())
+            written, self._writing = self._writing, None
+            self._after_write(written[1], written[2], written[0].result())
         if not self._to_write:
             return
         aged = time.monotonic() - self._oldest_write >= _WRITE_AGE_S
