@@ -100,6 +100,7 @@ class FetchLoop:
         self.limit_min = options.concurrency
         self.decreases = 0
         self.not_admitted = 0
+        self.peak_held_bytes = 0
         self.failures: list[Failure] = []
         self.status = WarmStatus(concurrency=self.limit)
         self._credit = 0.0
@@ -183,6 +184,7 @@ class FetchLoop:
             self._futures[future] = task
             self._tokens += task.tokens
             self._inflight_bytes += task.est_bytes
+            self.peak_held_bytes = max(self.peak_held_bytes, self._held_bytes())
 
     def _claim_next(self) -> _Task | None:
         """Claim the next free unit and split it into tasks; ``None`` when none is free."""
@@ -391,4 +393,5 @@ class FetchLoop:
             "concurrency_min": self.limit_min,
             "concurrency_decreases": self.decreases,
             "not_admitted": self.not_admitted,
+            "peak_held_bytes": self.peak_held_bytes,
         }

@@ -291,6 +291,9 @@ class WarmResult:
     """The lowest concurrency the throttle control went down to."""
     concurrency_decreases: int
     """How often it halved the concurrency because the store throttled."""
+    peak_held_bytes: int
+    """The most bytes fetched (or being fetched) and not yet written at any time: the
+    memory bound ``WarmConfig.max_inflight_bytes`` holds it, give or take one task."""
     seconds: float
     """Wall time of the fetch phase."""
     index_seconds: float

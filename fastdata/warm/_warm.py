@@ -274,6 +274,7 @@ def _result(
         concurrency=loop.options.concurrency,
         concurrency_min=summary["concurrency_min"],
         concurrency_decreases=summary["concurrency_decreases"],
+        peak_held_bytes=summary["peak_held_bytes"],
         seconds=phase.seconds,
         index_seconds=index_s,
     )

@@ -159,6 +159,17 @@ def test_progress_hears_about_every_sample(dataset: Path, config: FastdataConfig
     assert [s.done for s in seen] == sorted(s.done for s in seen)
 
 
+def test_memory_stays_within_the_inflight_bound(dataset: Path, config: FastdataConfig) -> None:
+    bound = 128 * 1024
+    options = WarmConfig(concurrency=8, claim_bytes=64 * 1024, max_inflight_bytes=bound)
+    result = warm(DatasetSpec(str(dataset), layout="files"), config=config, options=options)
+    assert result.fetched == SAMPLES
+    largest = max(len(payload(i)) for i in range(SAMPLES))
+    assert 0 < result.peak_held_bytes <= bound + 4 * largest  # one task: 4 objects at c=8
+    total = sum(len(payload(i)) for i in range(SAMPLES))
+    assert result.peak_held_bytes < total // 2
+
+
 def test_small_claims_and_concurrency_one_warm_everything(
     dataset: Path, config: FastdataConfig
 ) -> None:
