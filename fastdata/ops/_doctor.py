@@ -97,7 +97,7 @@ class DoctorReport:
     latency_p50_s: float
     """Median latency of a single-sample read."""
     latency_p99_s: float
-    """99th percentile (the maximum for fewer than 100 reads)."""
+    """99th percentile (interpolated: close to the slowest read when there are few)."""
     latency_reads: int
     """Single-sample reads measured."""
     throughput_mb_s: float
@@ -164,7 +164,7 @@ def _measure_store(
         _read_timed(index, store, np.sort(rng.choice(n, min(n, options.batch_size), False)))[0]
         for _ in range(3)
     ]
-    sizes = source_bytes(index, rng.permutation(n)[: min(n, 65536)])
+    sizes = source_bytes(index, rng.choice(n, size=min(n, 65536), replace=False))
     mean = max(1, int(sizes.mean()))
     count = int(min(n, max(options.concurrency, options.throughput_bytes // mean), 65536))
     bulk = np.sort(rng.choice(n, count, replace=False))
