@@ -178,7 +178,7 @@ def warm(
         index = spec.open(store, tier.root)
         tier.register_dataset(index.dataset_id, num_samples=len(index), name=index.url)
         selection = select(index, plan, tier)
-        present = present_mask(tier, index, selection.ids)
+        present = _present(tier, index, selection.ids)
         index_s = time.monotonic() - started
         _warn_over_budget(selection)
         loop = FetchLoop(index, store, tier, ClaimFile.open(tier.root, index.dataset_id), options)
@@ -187,6 +187,15 @@ def warm(
         finally:
             loop.claims.close()
     return _result(loop, selection, phase, plan_used=plan is not None, index_s=index_s)
+
+
+def _present(tier: LmdbTier, index: SampleIndex, ids: np.ndarray) -> np.ndarray:
+    """Which selected samples the cache holds; no lookups when it holds none of the
+    dataset (a first warm). Each claimed unit is checked again anyway (NOTE[warm-claims])."""
+    held = sum(d.entries for d in tier.datasets() if d.dataset_id == index.dataset_id)
+    if not held:
+        return np.zeros(len(ids), dtype=bool)
+    return present_mask(tier, index, ids)
 
 
 def _check_usable(tier: LmdbTier) -> None:
