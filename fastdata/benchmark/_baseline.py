@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 
 from fastdata import record
-from fastdata.benchmark._measure import PassResult, run_pass
+from fastdata.benchmark._measure import PassResult, combine, run_pass
 from fastdata.store import ByteRange
 
 __all__ = ["S3SampleDataset", "baseline_loader", "run_baseline"]
@@ -116,20 +116,9 @@ def run_baseline(
             dataset, batch_size=batch_size, num_workers=num_workers, seed=seed + epoch
         )
         passes.append(run_pass(loader))
-    throughput = _combine(passes)
+    throughput = combine(passes)
     loader = baseline_loader(
         dataset, batch_size=batch_size, num_workers=num_workers, seed=seed + epochs
     )
     step = run_pass(loader, step_s=step_s, max_batches=step_batches)
     return throughput, step
-
-
-def _combine(passes: Sequence[PassResult]) -> PassResult:
-    """Several epochs as one throughput figure; TTFB of the first."""
-    return PassResult(
-        samples=sum(p.samples for p in passes),
-        batches=sum(p.batches for p in passes),
-        seconds=sum(p.seconds for p in passes),
-        ttfb_s=passes[0].ttfb_s,
-        waits_s=[w for p in passes for w in p.waits_s],
-    )

@@ -33,7 +33,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PassResult", "drop_page_cache", "host_info", "percentiles", "run_pass"]
+__all__ = [
+    "PassResult",
+    "combine",
+    "drop_page_cache",
+    "host_info",
+    "percentiles",
+    "run_pass",
+]
 
 
 @dataclass
@@ -125,6 +132,17 @@ def run_pass(
             close()
         del it  # torch's multi-process iterator stops its workers when collected
     return PassResult(samples, len(waits), last - started, first_at - started, waits, step_s)
+
+
+def combine(passes: Sequence[PassResult]) -> PassResult:
+    """Several epochs as one throughput figure: summed counts and times, the first TTFB."""
+    return PassResult(
+        samples=sum(p.samples for p in passes),
+        batches=sum(p.batches for p in passes),
+        seconds=sum(p.seconds for p in passes),
+        ttfb_s=passes[0].ttfb_s,
+        waits_s=[w for p in passes for w in p.waits_s],
+    )
 
 
 def percentiles(values_s: Sequence[float]) -> dict[str, float]:

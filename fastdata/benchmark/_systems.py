@@ -25,7 +25,7 @@ from typing import Any
 import fastdata
 from fastdata.benchmark._config import BenchConfig
 from fastdata.benchmark._data import BenchData
-from fastdata.benchmark._measure import PassResult, run_pass
+from fastdata.benchmark._measure import PassResult, combine, run_pass
 
 __all__ = ["SystemRun", "open_dataset", "run_cold", "run_hot", "run_warm"]
 
@@ -62,109 +62,133 @@ def open_dataset(
     return dataset, time.perf_counter() - started
 
 
-def _store_samples(dataset: Any) -> int:
-    return int(dataset.runtime().cache.stats().source_samples)
-
-
 class _Passes:
-    """Runs passes of one dataset with fresh epoch numbers."""
+    """Runs passes of one dataset with fresh epoch numbers; keeps the loader's counters."""
 
     def __init__(self, dataset: Any, config: BenchConfig, first_epoch: int) -> None:
         self.dataset = dataset
         self.config = config
         self.epoch = first_epoch
+        self.cache: dict[str, Any] = {}
+        """``ReadThroughCache.stats().as_dict()`` after the last pass (this runtime's)."""
 
     def one(self, *, step_s: float = 0.0) -> PassResult:
         loader = fastdata.DataLoader(self.dataset, batch_size=self.config.batch_size)
         loader.set_epoch(self.epoch)
         self.epoch += 1
-        return run_pass(loader, step_s=step_s)
+        result = run_pass(loader, step_s=step_s)
+        self.cache = loader.stats().cache or {}
+        return result
 
-    def epochs(self, count: int, before: Callable[[], None] | None = None) -> PassResult:
-        passes = []
-        for _ in range(count):
-            if before is not None:
-                before()
-            passes.append(self.one())
-        return PassResult(
-            samples=sum(p.samples for p in passes),
-            batches=sum(p.batches for p in passes),
-            seconds=sum(p.seconds for p in passes),
-            ttfb_s=passes[0].ttfb_s,
-            waits_s=[w for p in passes for w in p.waits_s],
-        )
+    def epochs(self, count: int) -> PassResult:
+        return combine([self.one() for _ in range(count)])
+
+
+def _median(rounds: list[PassResult]) -> PassResult:
+    """The round of median throughput (rounds interleave with the limit's)."""
+    ordered = sorted(rounds, key=lambda p: p.samples / p.seconds if p.seconds > 0 else 0.0)
+    return ordered[len(ordered) // 2]
 
 
 def run_cold(config: BenchConfig, data: BenchData, work: Path) -> tuple[SystemRun, Path]:
     """Two cold passes, each from an empty cache; returns the filled cache of the first."""
-    step_s = config.step_ms / 1000
     first_dir, second_dir = work / "cache-cold", work / "cache-cold-step"
     dataset, open_s = open_dataset(data, first_dir, ram_bytes=_default_ram(), seed=config.seed)
     with dataset:
-        throughput = _Passes(dataset, config, first_epoch=0).one()
-        store_samples = _store_samples(dataset)
+        passes = _Passes(dataset, config, first_epoch=0)
+        throughput = passes.one()
+        store_samples = passes.cache["source_samples"]
     dataset, _ = open_dataset(data, second_dir, ram_bytes=_default_ram(), seed=config.seed)
     with dataset:
-        step = _Passes(dataset, config, first_epoch=1).one(step_s=step_s)
-        store_samples += _store_samples(dataset)
+        passes = _Passes(dataset, config, first_epoch=1)
+        step = passes.one(step_s=config.step_ms / 1000)
+        store_samples += passes.cache["source_samples"]
     shutil.rmtree(second_dir, ignore_errors=True)
     return SystemRun(throughput, step, open_s=open_s, store_samples=store_samples), first_dir
 
 
 def run_warm(
-    config: BenchConfig, data: BenchData, cache_dir: Path, drop: Callable[[], str]
+    config: BenchConfig,
+    data: BenchData,
+    cache_dir: Path,
+    drop: Callable[[], str],
+    *,
+    rounds: int,
+    between: Callable[[], None] | None = None,
 ) -> SystemRun:
-    """LMDB tier alone; before every pass the handles close and the page cache drops."""
-    dataset, open_s = open_dataset(data, cache_dir, ram_bytes=0, seed=config.seed)
-    dropped: list[str] = []
-    store_samples = lmdb_hits = 0
-    passes = _Passes(dataset, config, first_epoch=10)
+    """LMDB tier alone; before every pass the handles close and the page cache drops.
 
-    def before() -> None:
-        nonlocal store_samples, lmdb_hits
-        if passes.epoch > 10:  # the handles of the last pass: count, then close them
-            stats = dataset.runtime().cache.stats()
-            store_samples += stats.source_samples
-            lmdb_hits += stats.tiers[0].hits
-        # Pages this process maps stay cached: close the LMDB environment first.
-        dataset.close()
+    Args:
+        config: The run's settings.
+        data: The generated dataset.
+        cache_dir: The cache the cold pass filled.
+        drop: Drops the page cache; returns how.
+        rounds: Throughput rounds (each ``config.epochs`` epochs); the median one counts.
+        between: Called at the start of each round with every LMDB handle of this
+            dataset closed (the raw LMDB limit runs there, interleaved with warm).
+    """
+    dataset, open_s = open_dataset(data, cache_dir, ram_bytes=0, seed=config.seed)
+    passes = _Passes(dataset, config, first_epoch=10)
+    dropped: list[str] = []
+    counts = {"store": 0, "hits": 0}
+
+    def one(step_s: float = 0.0) -> PassResult:
+        dataset.close()  # pages this process maps stay cached: close the LMDB handles
         dropped.append(drop())
+        result = passes.one(step_s=step_s)
+        counts["store"] += passes.cache["source_samples"]  # a fresh runtime per pass
+        counts["hits"] += passes.cache["tiers"][0]["hits"]
+        return result
 
     with dataset:
-        throughput = passes.epochs(config.epochs, before)
-        before()
-        step = passes.one(step_s=config.step_ms / 1000)
-        stats = dataset.runtime().cache.stats()
-        store_samples += stats.source_samples
-        lmdb_hits += stats.tiers[0].hits
+        results = []
+        for _ in range(rounds):
+            dataset.close()
+            if between is not None:
+                between()
+            results.append(combine([one() for _ in range(config.epochs)]))
+        step = one(step_s=config.step_ms / 1000)
     return SystemRun(
-        throughput,
+        _median(results),
         step,
         open_s=open_s,
-        store_samples=store_samples,
-        extra={"page_cache": dropped[0], "lmdb_hits": lmdb_hits},
+        store_samples=counts["store"],
+        extra={
+            "page_cache": dropped[0],
+            "lmdb_hits": counts["hits"],
+            "rounds_mb_per_s": [_mb_per_s(r, config) for r in results],
+        },
     )
 
 
-def run_hot(config: BenchConfig, data: BenchData, cache_dir: Path) -> SystemRun:
+def run_hot(config: BenchConfig, data: BenchData, cache_dir: Path, *, rounds: int) -> SystemRun:
     """RAM tier big enough for the dataset, filled by one unmeasured epoch."""
     ram_bytes = max(_default_ram(), 2 * config.samples * (config.sample_bytes + 4096))
     dataset, open_s = open_dataset(data, cache_dir, ram_bytes=ram_bytes, seed=config.seed)
     with dataset:
         passes = _Passes(dataset, config, first_epoch=20)
         passes.one()  # fills the RAM tier from LMDB
-        before = _store_samples(dataset)
-        throughput = passes.epochs(config.epochs)
+        before = passes.cache["source_samples"]
+        rounds_done = [passes.epochs(config.epochs) for _ in range(rounds)]
+        throughput = _median(rounds_done)
         step = passes.one(step_s=config.step_ms / 1000)
-        store_samples = _store_samples(dataset) - before
-        tiers = dataset.runtime().cache.stats().as_dict()["tiers"]
+        store_samples = passes.cache["source_samples"] - before
+        ram_hits = passes.cache["tiers"][0]["hits"]
     return SystemRun(
         throughput,
         step,
         open_s=open_s,
         store_samples=store_samples,
-        extra={"ram_bytes": ram_bytes, "ram_hits": tiers[0]["hits"]},
+        extra={
+            "ram_bytes": ram_bytes,
+            "ram_hits": ram_hits,
+            "rounds_mb_per_s": [_mb_per_s(r, config) for r in rounds_done],
+        },
     )
+
+
+def _mb_per_s(result: PassResult, config: BenchConfig) -> float:
+    return result.samples * config.sample_bytes / result.seconds / 1e6 if result.seconds else 0.0
 
 
 def _default_ram() -> int:
