@@ -11,6 +11,7 @@ temporary cache directories and stops the server it started.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -27,6 +28,8 @@ from fastdata.benchmark._data import BenchData, generate
 from fastdata.benchmark._measure import drop_page_cache, host_info
 from fastdata.benchmark._report import build_result
 from fastdata.benchmark._systems import SystemRun, open_dataset, run_cold, run_hot, run_warm
+from fastdata.config import CacheConfig, format_size
+from fastdata.errors import ConfigError
 
 __all__ = ["run_benchmark"]
 
@@ -74,6 +77,7 @@ def run_benchmark(
         ConfigError: A bad setting.
     """
     say = progress or (lambda line: None)
+    _check_room(config)
     started = time.perf_counter()
     host = host_info()
     say("starting the embedded SeaweedFS server" if config.endpoint_url is None else "")
@@ -100,6 +104,35 @@ def run_benchmark(
         total_s=time.perf_counter() - started,
         **measured,
     )
+
+
+def _check_room(config: BenchConfig) -> None:
+    """Refuse a dataset the machine cannot hold: hot keeps it in RAM, the caches on disk.
+
+    Raises:
+        ConfigError: Less than twice the dataset in memory, or less than four times it
+            (two cold caches, the embedded server's copy, headroom) free on the disk of
+            the temporary directory.
+    """
+    need = config.dataset_bytes
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        memory = 0
+    if memory and 2 * need > memory:
+        raise ConfigError(
+            f"the dataset ({format_size(need)}) must fit twice in memory "
+            f"({format_size(memory)}) for the hot system's RAM tier; lower --samples "
+            "or --sample-bytes"
+        )
+    vfs = os.statvfs(tempfile.gettempdir())
+    free = vfs.f_bavail * vfs.f_frsize
+    if 4 * need + CacheConfig().min_free_bytes > free:
+        raise ConfigError(
+            f"the run needs about {format_size(4 * need)} free in {tempfile.gettempdir()} "
+            f"(two cold caches and the server's copy of {format_size(need)}), and "
+            f"{format_size(free)} is free; lower --samples or point TMPDIR elsewhere"
+        )
 
 
 def _measure_all(

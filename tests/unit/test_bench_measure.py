@@ -1,0 +1,138 @@
+"""fastdata.benchmark without a server: settings, the timed pass, ratios and targets."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from fastdata.benchmark import BenchConfig, config_from_flags
+from fastdata.benchmark._measure import PassResult, percentiles, run_pass
+from fastdata.benchmark._report import build_result
+from fastdata.benchmark._systems import SystemRun
+from fastdata.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"samples": 0}, "samples"),
+        ({"batch_size": 600, "samples": 512}, "larger than the dataset"),
+        ({"layout": "tar"}, "layout"),
+        ({"step_ms": -1.0}, "step_ms"),
+        ({"endpoint_url": "minio:9000"}, "http://"),
+        ({"bucket": "a/b"}, "bucket"),
+        ({"epochs": True}, "epochs"),
+    ],
+)
+def test_bad_settings_raise_config_error_naming_them(changes: dict, words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        BenchConfig(**changes)
+
+
+def test_quick_sizes_apply_and_explicit_flags_win() -> None:
+    config = config_from_flags({"quick": True, "samples": 300, "sample_bytes": "8KiB"})
+    assert (config.samples, config.sample_bytes, config.batch_size) == (300, 8192, 64)
+    assert config.quick
+    default = config_from_flags({"layout": "packed", "step_ms": None})
+    assert (default.samples, default.sample_bytes, default.layout) == (4096, 102400, "packed")
+    assert default.step_ms == 20.0
+    with pytest.raises(ConfigError, match="cannot parse size"):
+        config_from_flags({"sample_bytes": "lots"})
+
+
+class _SlowLoader:
+    """Batches of 4 ids; the first takes ``first_s``, the others ``each_s``."""
+
+    def __init__(self, batches: int, first_s: float, each_s: float) -> None:
+        self.batches, self.first_s, self.each_s = batches, first_s, each_s
+        self.closed = False
+
+    def __iter__(self) -> Iterator[dict]:
+        try:
+            for i in range(self.batches):
+                time.sleep(self.first_s if i == 0 else self.each_s)
+                yield {"__id__": list(range(4 * i, 4 * i + 4))}
+        finally:
+            self.closed = True
+
+
+def test_run_pass_times_like_a_training_loop() -> None:
+    loader = _SlowLoader(5, first_s=0.05, each_s=0.0)
+    result = run_pass(loader, step_s=0.02)
+    assert (result.samples, result.batches) == (20, 5)
+    assert result.ttfb_s >= 0.05
+    assert result.seconds >= 0.05 + 5 * 0.02
+    # Waits exclude the step; the first one is the start-up.
+    assert result.waits_s[0] >= 0.05
+    assert max(result.steady_waits_s) < 0.02
+    assert result.stall_fraction == pytest.approx(sum(result.waits_s) / result.seconds)
+    assert result.steady_stall_fraction < result.stall_fraction
+    assert loader.closed
+
+
+def test_run_pass_stops_after_max_batches_and_closes_the_iterator() -> None:
+    loader = _SlowLoader(50, first_s=0.0, each_s=0.0)
+    gen = iter(loader)
+    result = run_pass(gen, max_batches=3)
+    assert result.batches == 3
+    with pytest.raises(StopIteration):
+        next(gen)
+
+
+def test_percentiles_are_in_milliseconds_and_ordered() -> None:
+    got = percentiles([0.001 * i for i in range(1, 101)])
+    assert got["p50"] == pytest.approx(50.5)
+    assert got["p50"] <= got["p90"] <= got["p99"] <= got["max"] == pytest.approx(100.0)
+    assert got["mean"] == pytest.approx(50.5)
+    assert percentiles([])["max"] == 0.0
+
+
+def _run(samples: int, seconds: float, ttfb: float, waits: list[float]) -> SystemRun:
+    tp = PassResult(samples, len(waits), seconds, ttfb, waits)
+    step = PassResult(samples, len(waits), seconds + 0.02 * len(waits), ttfb, waits, 0.02)
+    return SystemRun(tp, step, store_samples=0)
+
+
+def test_ratios_targets_and_summary_follow_the_figures() -> None:
+    config = BenchConfig(samples=1024)
+    systems = {
+        "baseline_w0": _run(1024, 4.0, 1.0, [1.0, 1.0, 1.0, 1.0]),
+        "baseline_w2": _run(1024, 2.0, 1.0, [1.0, 0.001, 1.0, 0.001]),
+        "fastdata_cold": _run(1024, 0.8, 0.3, [0.3, 0.1, 0.1, 0.1]),
+        "fastdata_warm": _run(1024, 0.1, 0.01, [0.01, 0.0001, 0.0001, 0.0001]),
+        "fastdata_hot": _run(1024, 0.02, 0.001, [0.001, 0.0001, 0.0001, 0.0001]),
+    }
+    limits = {
+        "store_get_mb_per_s": 1024 * 102400 / 0.8 / 1e6 / 0.9,  # cold at 0.9x
+        "store_best_concurrency": 32,
+        "get_latency_ms": {"p50": 1.0, "p99": 2.0},
+        "lmdb_read_mb_per_s": 1024 * 102400 / 0.1 / 1e6 / 0.5,  # warm at 0.5x
+        "lmdb_read_hot_mb_per_s": 1.0,
+        "page_cache": "drop_caches",
+        "memcpy_gb_per_s": 10.0,
+    }
+    result = build_result(
+        config,
+        host={"cpu": "x", "cores": 2},
+        endpoint="test",
+        upload_s=1.0,
+        total_s=10.0,
+        open_s=0.1,
+        limits=limits,
+        systems=systems,
+    )
+    ratios = result["ratios"]
+    assert ratios["fastdata_cold_vs_baseline_w2"] == pytest.approx(2.5)
+    assert ratios["fastdata_warm_vs_baseline_w2"] == pytest.approx(20.0)
+    assert ratios["fastdata_cold_vs_limit"] == pytest.approx(0.9)
+    assert ratios["fastdata_warm_vs_limit"] == pytest.approx(0.5)
+    met = {t["target"]: t["met"] for t in result["targets"]}
+    assert met["cold >= 0.8x store ceiling"]
+    assert not met["warm >= 0.8x raw LMDB read"]
+    assert met["warm >= 10x baseline w2"]
+    assert not met["cold >= 10x baseline w2"]
+    assert met["cold time to first batch <= 0.5 s"]
+    # Median of 1000 ms (0 workers) against 0.1 ms (warm).
+    assert result["summary"].startswith("data-loading latency 1,000 ms -> 0.10 ms (10,000x)")
