@@ -226,10 +226,11 @@ def print_report(result: dict[str, Any], console: Any = None) -> None:
         console.print(f"target {t['target']}: {t['value']:.3g} ({verdict})")
     console.print(result["summary"])
     host = result["host"]
+    load = [host.get(k) for k in ("load_avg_1m", "load_avg_1m_end")]
     console.print(
-        f"{result['date']}; {host['cpu']}, {host['cores']} cores, {host['memory_gib']} GiB, "
-        f"{host['os']}, Python {host['python']}; load average {host['load_avg_1m']:.2f} "
-        f"at start, {host['load_avg_1m_end']:.2f} at end"
+        f"{result['date']}; {host.get('cpu')}, {host.get('cores')} cores, "
+        f"{host.get('memory_gib')} GiB, {host.get('os')}, Python {host.get('python')}"
+        + (f"; load average {load[0]:.2f} at start, {load[1]:.2f} at end" if all(load) else "")
     )
 
 
