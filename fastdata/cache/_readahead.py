@@ -22,17 +22,22 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import logging
 import os
 import resource
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from typing import Any, Literal
+
+import lmdb
 
 from fastdata.cache._lmdb_pages import PageWalker
 
 __all__ = ["Readahead", "is_resident", "iter_value_spans", "value_spans"]
 
+_log = logging.getLogger(__name__)
 _CALM_BATCHES = 8
 _PROBES = 3
 _SKIP_PROBES = 64
@@ -119,6 +124,8 @@ class Readahead:
         self._pool_pid = 0
         self._lock = threading.Lock()
         self._hinted: dict[bytes, None] = {}
+        self._pending: list[bytes] = []
+        self._draining = False
 
     def before_gets(self, handle: Any, txn: Any, keys: Sequence[bytes]) -> int | None:
         """Advise the batch's spans when cold; returns a fault count for :meth:`after_gets`.
@@ -188,6 +195,51 @@ class Readahead:
             if self._calm >= _CALM_BATCHES:
                 self.cold = False
         return advised
+
+    def advise_later(
+        self, handle: Any, keys: Sequence[bytes], shared: Callable[[], AbstractContextManager[None]]
+    ) -> None:
+        """Queue a hint's advice for a pool thread and return at once.
+
+        A hint is called from the consumer's thread (the prefetcher plans there), and
+        advising a cold batch walks LMDB pages for every value: done inline it would be
+        the very wait the hint is meant to remove. At most one drain runs; hints that
+        arrive meanwhile are appended and advised by the same drain, in order.
+
+        Args:
+            handle: The environment handle.
+            keys: Keys expected to be read soon.
+            shared: Opens a hold of the handle's gate (``EnvHandle.shared``) for the drain.
+        """
+        with self._lock:
+            self._pending.extend(keys)
+            if self._draining:
+                return
+            self._draining = True
+        self.executor().submit(self._drain, handle, shared)
+
+    def _drain(self, handle: Any, shared: Callable[[], AbstractContextManager[None]]) -> None:
+        finished = False
+        try:
+            while True:
+                with self._lock:
+                    keys, self._pending = self._pending, []
+                    if not keys:
+                        # Cleared under the lock that advise_later appends under, so a
+                        # hint arriving now starts a new drain.
+                        self._draining = False
+                        finished = True
+                        return
+                try:
+                    with shared():
+                        self.advise(handle, keys, hinted=True)
+                except (lmdb.Error, OSError) as exc:
+                    # Advice only: the reads still happen, page by page.
+                    _log.debug("hint advice for %d keys skipped: %s", len(keys), exc)
+        finally:
+            if not finished:  # an unexpected error: let the next hint start a drain
+                with self._lock:
+                    self._draining = False
 
     def executor(self) -> ThreadPoolExecutor:
         """The pool threads of this process (created on first use); the tier also

@@ -422,7 +422,8 @@ class LmdbTier:
     def hint(self, upcoming_keys: Sequence[bytes]) -> None:
         """Start reading the pages of upcoming keys into the page cache (cold cache only).
 
-        The hinted datasets also count as active, so they are never evicted as idle.
+        Returns at once: the advice runs on a readahead thread. The hinted datasets also
+        count as active, so they are never evicted as idle.
         NOTE[lmdb-readahead].
         """
         if self.config.page_readahead == "never" or not upcoming_keys:
@@ -435,11 +436,7 @@ class LmdbTier:
             self._active[dataset_id] = now
         if not self._readahead.cold:
             return
-        try:
-            with handle.shared():
-                self._readahead.advise(handle, [bytes(k) for k in upcoming_keys], hinted=True)
-        except lmdb.Error as exc:
-            _log.debug("hint on %s skipped: %s", self.root, exc)
+        self._readahead.advise_later(handle, [bytes(k) for k in upcoming_keys], handle.shared)
 
     # -- writes -------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 
 from fastdata.cache import LmdbTier, RamTier, ReadThroughCache, _env, make_key
-from fastdata.cache._readahead import is_resident, value_spans
+from fastdata.cache._readahead import Readahead, is_resident, value_spans
 from fastdata.config import CacheConfig
 from fastdata.errors import CacheError
 from tests.contracts.tier_contract import (
@@ -590,3 +591,39 @@ def _address(view: memoryview) -> int:
 def test_env_module_refuses_nothing_it_can_heal(tmp_path: Path) -> None:
     # A missing cache directory is created; quarantine of nothing is a no-op.
     assert _env.quarantine(tmp_path, reason="test") is None
+
+
+def test_hint_returns_at_once_and_advises_in_the_background(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The prefetcher calls hint() from the training loop's thread: a slow cold advice
+    # (page walks, one disk round trip per leaf) must never be waited for there.
+    root = tmp_path / "cache"
+    items = [item(i, size=150_000) for i in range(12)]
+    with LmdbTier(config_in(root)) as t:
+        t.put_many(items)
+    advised: list[list[bytes]] = []
+    release = threading.Event()
+
+    def slow_advise(self: Readahead, handle: object, keys: list[bytes], **kw: object) -> int:
+        release.wait(10)
+        advised.append(list(keys))
+        return len(keys)
+
+    monkeypatch.setattr(Readahead, "advise", slow_advise)
+    with LmdbTier(config_in(root, page_readahead="always")) as t:
+        keys = [it.key for it in items]
+        started = time.perf_counter()
+        t.hint(keys[:4])
+        t.hint(keys[4:8])
+        t.hint(keys[8:])
+        assert time.perf_counter() - started < 0.5
+        assert advised == []
+        release.set()
+        deadline = time.monotonic() + 10
+        while sum(map(len, advised)) < len(keys) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # Every hinted key is advised, in hint order, and the reads still return the bytes.
+        assert [k for part in advised for k in part] == keys
+        got = read_all(t, keys, [it.fingerprint for it in items])
+    assert got == [bytes(it.record) for it in items]
