@@ -31,7 +31,10 @@ we take ourselves is ``flock`` on ``<dir>/lmdb.lock`` while opening, which the k
 drops when the process dies. LMDB's writer mutex is a robust POSIX mutex (a killed
 writer's lock is recovered by the next writer) and stale reader slots of killed
 processes are cleared with ``reader_check()`` on every open. No writemap (its disk-full
-failure is SIGBUS), default sync, so a crash loses at most uncommitted writes.
+failure is SIGBUS). Commits fsync the data pages but not the meta page
+(``metasync=False``): LMDB keeps its integrity that way, a process crash loses at most
+uncommitted writes, and a system crash at most the last commit — a cache needs no more,
+and it writes 2.3x faster (688 vs 295 MB/s for 25 MB commits on this machine's disk).
 """
 
 from __future__ import annotations
@@ -414,7 +417,7 @@ def _open_once(
         mode=0o600,
         readahead=readahead,
         writemap=False,
-        metasync=True,
+        metasync=False,  # NOTE[lmdb-crash]
         sync=True,
         lock=True,
     )
