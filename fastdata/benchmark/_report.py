@@ -122,15 +122,22 @@ def _ratios(result: dict[str, Any]) -> dict[str, float]:
 def _targets(config: BenchConfig, result: dict[str, Any]) -> list[dict[str, Any]]:
     systems, ratios = result["systems"], result["ratios"]
     warm, cold = systems["fastdata_warm"], systems["fastdata_cold"]
-    # The latency target is stated for 256 x 100 KiB batches and a 20 ms step.
-    headline = (config.batch_size, config.sample_bytes, config.step_ms) == (256, 102400, 20.0)
+    # A --quick run is too small for its throughput ratios to mean anything (fixed costs
+    # dominate a few batches), and the latency target is stated for 256 x 100 KiB
+    # batches and a 20 ms step.
+    sized = not config.quick
+    headline = sized and (config.batch_size, config.sample_bytes, config.step_ms) == (
+        256,
+        102400,
+        20.0,
+    )
     rows = [
-        ("warm >= 0.8x raw LMDB read", ratios["fastdata_warm_vs_limit"], 0.8, ">=", True),
-        ("cold >= 0.8x store ceiling", ratios["fastdata_cold_vs_limit"], 0.8, ">=", True),
+        ("warm >= 0.8x raw LMDB read", ratios["fastdata_warm_vs_limit"], 0.8, ">=", sized),
+        ("cold >= 0.8x store ceiling", ratios["fastdata_cold_vs_limit"], 0.8, ">=", sized),
         ("warm p99 batch wait <= 1 ms", warm["batch_wait_ms"]["p99"], 1.0, "<=", headline),
         ("warm stall fraction < 1%", warm["stall_fraction"], 0.01, "<", headline),
-        ("warm >= 10x baseline w2", ratios["fastdata_warm_vs_baseline_w2"], 10.0, ">=", True),
-        ("cold >= 10x baseline w2", ratios["fastdata_cold_vs_baseline_w2"], 10.0, ">=", True),
+        ("warm >= 10x baseline w2", ratios["fastdata_warm_vs_baseline_w2"], 10.0, ">=", sized),
+        ("cold >= 10x baseline w2", ratios["fastdata_cold_vs_baseline_w2"], 10.0, ">=", sized),
         ("cold time to first batch <= 0.5 s", cold["ttfb_s"], 0.5, "<=", True),
     ]
     out = []
