@@ -26,6 +26,16 @@ outlives the call. numpy clears weak references first when ``array`` is dealloca
 the finalizer runs after the last view is gone and before ``owner`` frees the memory. A
 slot dropped while free (eviction, ``close``) calls its finalizer at once; a slot still
 held at ``close`` keeps it until the user drops the last view.
+
+NOTE[pool-fence]: a pinned slot may still be read by an asynchronous host-to-device copy
+after its last view is gone (``x = batch["x"].cuda(non_blocking=True)``, then the batch
+is dropped). The first time such a slot is seen unheld, the pool records a CUDA event on
+the current stream of the thread that looks (the default stream, on which the user's
+copies were enqueued earlier), and reuses or unpins the slot only once that event has
+completed. torch's default stream is the legacy default stream, so the event also waits
+for work on other blocking streams; copies enqueued on a non-blocking side stream
+(``torch.cuda.Stream()``) are not covered: keep the batch until such a copy is done, or
+let ``fastdata.DataLoader(device="cuda")`` do the copy (it holds the batch until then).
 """
 
 from __future__ import annotations
@@ -117,6 +127,13 @@ def _cuda_host_register(address: int, nbytes: int) -> bool:
     return True
 
 
+def _record_fence() -> Any:
+    """A CUDA event recorded now on the calling thread's current stream (NOTE[pool-fence])."""
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
 def _cuda_host_unregister(address: int, owner: Any) -> None:
     """Unpin a registered range. ``owner`` is held only so the memory outlives this call."""
     del owner
@@ -128,7 +145,7 @@ def _cuda_host_unregister(address: int, owner: Any) -> None:
 class _Slot:
     """One pooled buffer; see NOTE[pool-reuse] for what the fields are for."""
 
-    __slots__ = ("anchors", "array", "baseline", "finalizer", "nbytes", "owner")
+    __slots__ = ("anchors", "array", "baseline", "fence", "finalizer", "nbytes", "owner", "taken")
 
     def __init__(self, nbytes: int, *, pin: bool) -> None:
         self.nbytes = nbytes
@@ -148,6 +165,8 @@ class _Slot:
             self.finalizer.atexit = False  # the driver unpins at exit anyway
         del view, base  # the baseline counts only the slot's own references
         self.baseline = self._counts()
+        self.taken = False
+        self.fence: Any = None
 
     @property
     def is_pinned(self) -> bool:
@@ -158,7 +177,24 @@ class _Slot:
         return (*refs, getattr(self.owner, "exports", 0))
 
     def is_free(self) -> bool:
-        return self._counts() == self.baseline
+        return self._counts() == self.baseline and self._copies_done()
+
+    def _copies_done(self) -> bool:
+        """For a pinned slot handed out before: whether its copy fence has completed."""
+        # NOTE[pool-fence]
+        if self.finalizer is None or not self.taken:
+            return True
+        if self.fence is None:
+            self.fence = _record_fence()
+        if not self.fence.query():
+            return False
+        self.taken, self.fence = False, None
+        return True
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """Hand out the first ``nbytes`` (under the pool lock: see NOTE[pool-reuse])."""
+        self.taken, self.fence = True, None
+        return self.array[:nbytes]
 
     def release(self) -> None:
         """Unpin now (the slot must be free); the memory goes with the slot object."""
@@ -294,7 +330,7 @@ class BufferPool:
         for slot in self._slots.get(size, ()):
             if slot.is_free():
                 self._counts["reuses"] += 1
-                return slot.array[:nbytes]  # made under the lock: see NOTE[pool-reuse]
+                return slot.take(nbytes)
         if not self._make_room(size):
             return None
         slot = _Slot(size, pin=self.is_pinned)
@@ -303,7 +339,7 @@ class BufferPool:
         self._slots.setdefault(size, []).append(slot)
         self._pooled_bytes += size
         self._counts["allocations"] += 1
-        return slot.array[:nbytes]
+        return slot.take(nbytes)
 
     def _make_room(self, size: int) -> bool:
         """Under the lock: release free slots of other sizes until ``size`` more bytes fit."""

@@ -308,7 +308,15 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch, backend: str) -> _FakeCudart:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(pool_mod, "_cuda_host_register", fake.register)
     monkeypatch.setattr(pool_mod, "_cuda_host_unregister", fake.unregister)
+    monkeypatch.setattr(pool_mod, "_record_fence", _CompletedEvent)
     return fake
+
+
+class _CompletedEvent:
+    """A CUDA event that has already completed (no copy in flight)."""
+
+    def query(self) -> bool:
+        return True
 
 
 def test_pinned_buffers_are_unregistered_before_they_are_freed(fake_cuda: _FakeCudart) -> None:
@@ -376,3 +384,49 @@ def test_real_pinned_buffers_copy_to_the_gpu_without_blocking() -> None:
         torch.cuda.synchronize()
         assert torch.equal(device.cpu(), host)
         assert p.stats().pin_failures == 0
+
+
+class _FakeEvent:
+    """A CUDA event whose completion the test decides."""
+
+    done = False
+
+    def query(self) -> bool:
+        return _FakeEvent.done
+
+
+def test_a_pinned_buffer_is_reused_only_after_its_copy_fence_completes(
+    fake_cuda: _FakeCudart, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # NOTE[pool-fence]: a non_blocking copy may still read the buffer after the batch
+    # is dropped; the pool waits for an event recorded once the buffer is seen unheld.
+    fences: list[_FakeEvent] = []
+
+    def record() -> _FakeEvent:
+        fences.append(_FakeEvent())
+        return fences[-1]
+
+    monkeypatch.setattr(pool_mod, "_record_fence", record)
+    monkeypatch.setattr(_FakeEvent, "done", False)
+    with BufferPool(8192, wait_s=0) as p:
+        first = p.acquire(4096)
+        address = first.ctypes.data
+        del first
+        second = p.acquire(4096)  # the first is unheld but its fence is pending
+        assert second.ctypes.data != address
+        assert len(fences) == 1
+        del second
+        assert p.acquire(4096).ctypes.data not in (address,)  # pool full: overflow
+        assert p.stats().overflows == 1
+        monkeypatch.setattr(_FakeEvent, "done", True)
+        assert p.acquire(4096).ctypes.data == address
+        assert len(fences) == 2  # the second slot's fence, recorded while looking
+
+
+def test_unpinned_buffers_need_no_fence(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
+    monkeypatch.setattr(pool_mod, "_record_fence", lambda: pytest.fail("fence recorded"))
+    with BufferPool(8192, pin=False, wait_s=0) as p:
+        first = p.acquire(4096)
+        address = first.ctypes.data
+        del first
+        assert p.acquire(4096).ctypes.data == address
