@@ -23,6 +23,7 @@ import multiprocessing
 import pickle
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -192,7 +193,20 @@ class DataLoader:
             "in_order": in_order,
         }
         self._torch: torch.utils.data.DataLoader[Any] | None = None
+        self._metrics_server: Any = None
+        # The running epoch, weakly: a loop that breaks out drops the last reference and
+        # garbage collection closes it, as with torch's DataLoader.
+        self._active: weakref.ref[Iterator[Any]] | None = None
         if not isinstance(dataset, Dataset):
+            extras = {"device": device, "world_size": world_size, "rank": rank}
+            extras["metrics_port"] = metrics_port
+            given = sorted(k for k, v in extras.items() if v is not None)
+            if given:
+                raise ConfigError(
+                    f"{', '.join(given)} need a fastdata.Dataset; with a "
+                    f"{type(dataset).__name__} this is torch's DataLoader, which has no such "
+                    "argument"
+                )
             self._torch = torch.utils.data.DataLoader(
                 dataset,
                 batch_size=batch_size,
@@ -208,6 +222,12 @@ class DataLoader:
             )
             return
         _check_args(batch_size, sampler, batch_sampler, num_workers, collate_fn, drop_last)
+        if num_workers > 0 and in_order is not True:
+            raise ConfigError(
+                "in_order=False would let worker processes deliver batches out of plan "
+                "order, and state_dict() could then not resume exactly once; keep "
+                "in_order=True"
+            )
         self.device = _check_device(device)
         seed = generator.initial_seed() if generator is not None else None
         self.plan_config = dataset.plan_config_for(
@@ -219,9 +239,16 @@ class DataLoader:
         default_world, default_rank = distributed_world()
         self.world_size = default_world if world_size is None else world_size
         self.rank = default_rank if rank is None else rank
-        if not 0 <= self.rank < self.world_size:
+        if (
+            not isinstance(self.world_size, int)
+            or not isinstance(self.rank, int)
+            or isinstance(self.world_size, bool)
+            or isinstance(self.rank, bool)
+            or not 0 <= self.rank < self.world_size
+        ):
             raise ConfigError(
-                f"rank must be in 0..world_size-1, got rank={rank}, world_size={world_size}"
+                "world_size must be a positive int and rank an int in 0..world_size-1, "
+                f"got world_size={world_size!r}, rank={rank!r}"
             )
         self._epoch = 0
         self._resume_cursor = 0
@@ -231,9 +258,8 @@ class DataLoader:
         self._worker_loader: torch.utils.data.DataLoader[Any] | None = None
         self._prefetcher: Any = None
         self._reset_timing()
-        self._metrics_server = (
-            _serve_metrics(self, metrics_port) if metrics_port is not None else None
-        )
+        if metrics_port is not None:
+            self._metrics_server = _serve_metrics(self, metrics_port)
 
     # -- torch's surface -----------------------------------------------------------------
 
@@ -283,7 +309,16 @@ class DataLoader:
         source = self._batches(plan, epoch, cursor)
         if self.device is not None and self.device.type == "cuda":
             source = _to_device(source, self.device)
-        return self._timed(source)
+        self._close_active()  # one epoch at a time: a new iter() ends the previous one
+        timed = self._timed(source)
+        self._active = weakref.ref(timed)
+        return timed
+
+    def _close_active(self) -> None:
+        active = self._active() if self._active is not None else None
+        self._active = None
+        if active is not None:
+            active.close()  # type: ignore[attr-defined]
 
     def _batches(self, plan: EpochPlan, epoch: int, cursor: int) -> Iterator[Any]:
         if self.num_workers == 0:
@@ -460,7 +495,11 @@ class DataLoader:
         )
 
     def close(self) -> None:
-        """Stop the metrics server and close this process's dataset handles."""
+        """Stop the running epoch (its threads or worker processes), the metrics server,
+        and close this process's dataset handles. The loader can be iterated again."""
+        self._close_active()
+        self._worker_loader = None
+        self._prefetcher = None
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server = None
@@ -597,10 +636,26 @@ def _to_device(source: Iterator[Any], device: torch.device) -> Iterator[Any]:
 
 def _finish(pending: tuple[Any, torch.cuda.Event, Any]) -> Any:
     moved, event, host = pending
-    torch.cuda.current_stream().wait_event(event)
+    stream = torch.cuda.current_stream()
+    stream.wait_event(event)
+    # The copies were allocated on the side stream: tell the caching allocator they are
+    # used on the compute stream too, or their memory could be handed to the next copy
+    # while kernels queued on the compute stream still read it.
+    _record_stream(moved, stream)
     event.synchronize()
     del host
     return moved
+
+
+def _record_stream(value: Any, stream: torch.cuda.Stream) -> None:
+    if isinstance(value, torch.Tensor):
+        value.record_stream(stream)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _record_stream(item, stream)
+    elif isinstance(value, list | tuple):  # VarTensor is a tuple
+        for item in value:
+            _record_stream(item, stream)
 
 
 def _serve_metrics(loader: DataLoader, port: int) -> Any:
