@@ -301,14 +301,19 @@ def _log_zstd_fallback(reason: str) -> None:
 
 
 def _gather(
-    buffers: Sequence[Any], name: str, out: np.ndarray, sample_ids: Sequence[int] | None
+    buffers: Sequence[Any],
+    name: str,
+    out: np.ndarray,
+    sample_ids: Sequence[int] | None,
+    *,
+    verify: bool = False,
 ) -> None:
     try:
         try:
-            backend_module.gather(buffers, name, out)
+            backend_module.gather(buffers, name, out, verify)
         except CodecUnavailableError as exc:
             _log_zstd_fallback(str(exc))
-            pure_module.gather(buffers, name, out)
+            pure_module.gather(buffers, name, out, verify)
     except DecodeError as exc:
         raise _corrupt(exc, sample_ids) from exc
 
@@ -519,6 +524,15 @@ def _batch_view(buf: Any, nbytes: int) -> np.ndarray:
     return base
 
 
+# NOTE[collate-verify]: with verify, collate reads each record once. decode_batch checks
+# only the structure; then the gather of the biggest field sums every record in the same
+# pass as its copy (NOTE[gather-verify] in io_native/gather.c), before any other field is
+# gathered, so a record that fails gets nothing returned. The errors stay the spec's: when
+# a structural, batch or field check fails, a verifying decode_batch runs first, so a
+# record that fails its checksum is reported as such, at the index and offset that
+# decode_batch(buffers, True) names.
+
+
 def collate(
     buffers: Sequence[Any],
     *,
@@ -540,7 +554,8 @@ def collate(
             order). Every record must have each of them.
         alloc: ``alloc(nbytes)`` returns a writable, 64-byte aligned buffer of at least
             ``nbytes`` (default :func:`aligned_empty`; the buffer pool passes its own).
-        verify: Check each record's CRC-32C.
+        verify: Check each record's CRC-32C, in the same pass as the copy of its biggest
+            field (NOTE[collate-verify]); on a failure nothing is returned.
         sample_ids: The records' sample ids, named in errors.
 
     Returns:
@@ -556,7 +571,37 @@ def collate(
         raise ConfigError("collate needs at least one record buffer")
     count = len(items)
     ids = _ids(sample_ids, count)
-    names, starts, rows = _decode_batch(items, verify, ids)
+    try:
+        plans = _plans(_decode_batch(items, False, ids), fields, count, ids)
+    except (CorruptRecordError, ConfigError):
+        if verify:
+            _decode_batch(items, True, ids)  # NOTE[collate-verify]: a bad checksum first
+        raise
+    if verify and not plans:
+        _decode_batch(items, True, ids)  # no gather to sum the records
+    total = 0
+    for plan in plans:
+        plan.start = total
+        total = _align(total + plan.nbytes, PAYLOAD_ALIGNMENT)
+    base = _batch_view(alloc(total), total)
+    # NOTE[collate-verify]: the biggest field's gather verifies every record, first.
+    carrier = max(plans, key=lambda plan: plan.nbytes) if verify and plans else None
+    result = {}
+    for plan in sorted(plans, key=lambda plan: plan is not carrier):
+        data = base[plan.start : plan.start + plan.nbytes]
+        _gather(items, plan.name, data, ids, verify=plan is carrier)
+        result[plan.name] = _result(plan, data, count)
+    return {plan.name: result[plan.name] for plan in plans}
+
+
+def _plans(
+    decoded: tuple[tuple[str, ...], np.ndarray, np.ndarray],
+    fields: Sequence[str] | None,
+    count: int,
+    ids: Sequence[int] | None,
+) -> list[_FieldPlan]:
+    """One plan per wanted field, in the order of ``fields``."""
+    names, starts, rows = decoded
     index_of = {name: j for j, name in enumerate(names)}
     if isinstance(fields, str):
         raise ConfigError(f"fields must be a sequence of field names, not the str {fields!r}")
@@ -573,14 +618,4 @@ def collate(
     for name in wanted:
         group = order[bounds[index_of[name]] : bounds[index_of[name] + 1]]
         plans.append(_plan(name, rows[group], records[group], count, ids))
-    total = 0
-    for plan in plans:
-        plan.start = total
-        total = _align(total + plan.nbytes, PAYLOAD_ALIGNMENT)
-    base = _batch_view(alloc(total), total)
-    result = {}
-    for plan in plans:
-        data = base[plan.start : plan.start + plan.nbytes]
-        _gather(items, plan.name, data, ids)
-        result[plan.name] = _result(plan, data, count)
-    return result
+    return plans

@@ -18,8 +18,8 @@ static PyMethodDef fd_methods[] = {
      "gather(buffers, field, out, verify=False)\n--\n\n"
      "Copy one field of N records back to back into out (GIL released); return bytes written."},
     {"crc32c", (PyCFunction)(void (*)(void))fd_crc32c_py, METH_FASTCALL | METH_KEYWORDS,
-     "crc32c(data, value=0, method='auto')\n--\n\n"
-     "Extend the CRC-32C value over data."},
+     "crc32c(data, value=0, method='auto', out=None)\n--\n\n"
+     "Extend the CRC-32C value over data (copying data into out in the same pass)."},
     {"load_zstd", (PyCFunction)(void (*)(void))fd_load_zstd, METH_FASTCALL | METH_KEYWORDS,
      "load_zstd(soname='libzstd.so.1')\n--\n\n"
      "Load libzstd for zstd payloads and return its version."},

@@ -61,6 +61,15 @@ def gather(buffers: Iterable[Buffer], field: str, out: Buffer, verify: bool = Fa
     """
 
 def crc32c(
-    data: Buffer, value: int = 0, method: Literal["auto", "hardware", "table"] = "auto"
-) -> int: ...
+    data: Buffer,
+    value: int = 0,
+    method: Literal["auto", "hardware", "table"] = "auto",
+    out: Buffer | None = None,
+) -> int:
+    """Extend value over data; with out, also copy data into out's first bytes (one pass).
+
+    Raises ValueError (bad method or value, out too small or overlapping data) and
+    TypeError (data or out not a suitable buffer).
+    """
+
 def load_zstd(soname: str = "libzstd.so.1") -> str: ...

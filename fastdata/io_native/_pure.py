@@ -549,7 +549,7 @@ def _check_overlap(dst: np.ndarray, sources: list[np.ndarray]) -> None:
             raise ValueError(f"out overlaps buffers[{i}]; gather needs a separate destination")
 
 
-def crc32c(data: Any, value: int = 0, method: str = "auto") -> int:
+def crc32c(data: Any, value: int = 0, method: str = "auto", out: Any = None) -> int:
     """Extend the CRC-32C ``value`` over ``data`` (``crc32c(b"123456789") == 0xE3069283``).
 
     Args:
@@ -557,15 +557,31 @@ def crc32c(data: Any, value: int = 0, method: str = "auto") -> int:
         value: A previous CRC-32C to extend (0 to start).
         method: ``auto``, ``hardware`` or ``table``: which C implementation the native
             backend uses; accepted and ignored here (google-crc32c decides).
+        out: A writable buffer of at least ``len(data)`` bytes, not overlapping ``data``:
+            ``data`` is also copied into its first bytes (the native backend does both in
+            one pass).
 
     Returns:
         The CRC-32C as an int in ``0 .. 2**32 - 1``.
+
+    Raises:
+        ValueError: A bad ``method`` or ``value``; ``out`` too small or overlapping ``data``.
+        TypeError: ``data`` or ``out`` is not a suitable buffer.
     """
     if method not in ("auto", "hardware", "table"):
         raise ValueError(f"method must be 'auto', 'hardware' or 'table', not {method!r}")
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 32:
         raise ValueError(f"value must be an int in 0..2**32-1, not {value!r}")
-    return google_crc32c.extend(value, _source(data, "data").tobytes())
+    src = _source(data, "data")
+    if out is not None:
+        dst = _destination(out)
+        if len(dst) < len(src):
+            raise ValueError(f"out holds {len(dst)} bytes but data is {len(src)}")
+        lo, hi = dst.ctypes.data, dst.ctypes.data + len(dst)
+        if len(src) and src.ctypes.data < hi and lo < src.ctypes.data + len(src):
+            raise ValueError("out overlaps data; crc32c needs a separate destination")
+        dst[: len(src)] = src
+    return google_crc32c.extend(value, src.tobytes())
 
 
 def load_zstd(soname: str = "libzstd.so.1") -> str:

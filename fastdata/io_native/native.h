@@ -31,10 +31,15 @@ enum { FD_KIND_BYTES = 0, FD_KIND_STR = 1, FD_KIND_SCALAR = 2, FD_KIND_ARRAY = 3
 enum { FD_CODEC_NONE = 0, FD_CODEC_ZSTD = 1 };
 enum { FD_CRC_AUTO = 0, FD_CRC_HARDWARE = 1, FD_CRC_TABLE = 2 };
 
-/* CRC-32C tables (slicing-by-8) and whether the CPU has SSE4.2; filled once at exec. */
+/* CRC-32C tables, filled once at exec: slicing-by-8, and for the hardware path's streams
+ * of 2**k bytes (NOTE[crc-streams] in crc32c.c) what 2**k zero bytes do to a register,
+ * k = FD_CRC_MIN_STREAM_LOG..FD_CRC_MAX_STREAM_LOG; whether the CPU has SSE4.2 and AVX2. */
+#define FD_CRC_MIN_STREAM_LOG 6
+#define FD_CRC_MAX_STREAM_LOG 16
 typedef struct {
     uint32_t table[8][256];
-    int hardware;
+    uint32_t zeros[FD_CRC_MAX_STREAM_LOG - FD_CRC_MIN_STREAM_LOG + 1][4][256];
+    int hardware, avx2;
 } fd_crc;
 
 /* The few libzstd entry points we use, looked up with dlsym (no zstd headers needed). */
@@ -113,6 +118,11 @@ int fd_problem_set(fd_problem *problem, uint64_t offset, const char *fmt, ...);
 /* crc32c.c: pure C; safe without the GIL. */
 void fd_crc_init(fd_crc *crc);
 uint32_t fd_crc32c(const fd_crc *crc, int method, uint32_t value, const uint8_t *data, size_t len);
+/* Extends value over src[0, len) while copying it to dst (not overlapping src), in one pass
+ * (NOTE[crc-copy] in crc32c.c). FD_CRC_AUTO picks the fastest kernel, FD_CRC_HARDWARE the
+ * SSE4.2 one without AVX2 moves, FD_CRC_TABLE slicing-by-8. */
+uint32_t fd_crc32c_copy(const fd_crc *crc, int method, uint32_t value, uint8_t *dst, const uint8_t *src,
+                        size_t len);
 
 /* zstd.c: called with the GIL held. */
 int fd_zstd_load(fd_state *st, const char *soname);

@@ -414,6 +414,61 @@ def test_collate_reports_malformed_records_by_sample_id(backend: Any) -> None:
     assert info.value.sample_id == 5
 
 
+def _flipped(rec: bytes, position: int) -> bytes:
+    data = bytearray(rec)
+    data[position] ^= 0x08
+    return bytes(data)
+
+
+def test_collate_verify_catches_a_flip_in_any_field_not_only_the_gathered_ones(
+    backend: Any,
+) -> None:
+    # NOTE[collate-verify]: one gather (the biggest field's) sums every record whole.
+    recs = [encode({"big": bytes([i]) * 5000, "small": i, "tag": f"t{i}"}) for i in range(3)]
+    names, _, rows = backend.decode_batch(recs[1:2])
+    table = np.frombuffer(rows, np.int64).reshape(-1, 16)
+    payloads = {names[int(r[0])]: int(r[5]) for r in table}
+    for position in (payloads["small"], payloads["tag"], payloads["big"] + 4999, 21, 40):
+        bad = [recs[0], _flipped(recs[1], position), recs[2]]
+        for fields in (None, ["small"], ["tag", "big"], []):
+            with pytest.raises(CorruptRecordError, match="checksum mismatch") as info:
+                collate(bad, fields=fields, verify=True, sample_ids=[10, 11, 12])
+            assert (info.value.sample_id, info.value.offset) == (11, 20)
+
+
+def test_collate_verify_reports_the_checksum_before_what_the_damage_broke(backend: Any) -> None:
+    recs = _batch(3)
+    at = bytes(recs[1]).find(b"label")
+    damaged = bytearray(recs[1])
+    damaged[at + 1] = ord("b")  # "lbbel": still sorted and valid UTF-8, but not "label"
+    batch = [recs[0], bytes(damaged), recs[2]]
+    with pytest.raises(CorruptRecordError, match="has no field 'label'"):
+        collate(batch, sample_ids=[1, 2, 3])
+    with pytest.raises(ConfigError, match="no record in this batch has field 'label'"):
+        collate(batch[1:2], fields=["label"])
+    for fields in (None, ["label"]):
+        with pytest.raises(CorruptRecordError, match="checksum mismatch") as info:
+            collate(batch, fields=fields, verify=True, sample_ids=[1, 2, 3])
+        assert (info.value.sample_id, info.value.offset) == (2, 20)
+    with pytest.raises(CorruptRecordError, match="checksum mismatch"):
+        collate(batch[1:2], fields=["label"], verify=True)
+
+
+def test_collate_verify_gives_what_collate_gives_for_sound_records(backend: Any) -> None:
+    zstd = [encode({"a": bytes([i]) * 9000, "b": np.arange(i + 1)}, compress=1) for i in range(4)]
+    for recs in (_batch(5), zstd):
+        plain = collate(recs)
+        checked = collate(recs, verify=True)
+        assert list(plain) == list(checked)
+        for name, value in plain.items():
+            other = checked[name]
+            if isinstance(value, VarBatch):
+                assert value.values.tobytes() == other.values.tobytes()
+                assert value.offsets.tolist() == other.offsets.tolist()
+            else:
+                assert value.tobytes() == other.tobytes()
+
+
 def test_collate_decompresses_zstd_fields(backend: Any) -> None:
     recs = [
         encode({"a": bytes([i]) * 5000, "v": np.full(300, i, np.int32)}, compress=1)
