@@ -330,10 +330,10 @@ class Dataset(IterableDataset):  # type: ignore[type-arg]
             StoreError: The store failed after retries.
         """
         runtime = self.runtime()
-        with runtime.cache.get_many(sample_ids) as lease:
-            arrays = record.collate(
-                lease.buffers, fields=self.fields, alloc=runtime.pool.acquire, sample_ids=sample_ids
-            )
+        # Checksums in the gather's pass; corrupt cache entries refetched (NOTE[deferred-verify]).
+        arrays = runtime.cache.collate_many(
+            sample_ids, fields=self.fields, alloc=runtime.pool.acquire
+        )
         batch: Batch = {name: _to_torch(value) for name, value in arrays.items()}
         batch[ID_KEY] = torch.from_numpy(np.array(sample_ids, dtype=np.int64))
         return batch

@@ -33,7 +33,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -42,7 +42,7 @@ from fastdata.cache.lmdb_tier import LmdbTier
 from fastdata.cache.ram import RamTier
 from fastdata.cache.tier import CacheItem, LatencyHistogram, Lease, Tier, TierStats
 from fastdata.config import CacheConfig
-from fastdata.errors import ConfigError
+from fastdata.errors import ConfigError, CorruptRecordError
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -198,16 +198,18 @@ class ReadThroughCache:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["tiers"], state["source"], config=state["config"])  # type: ignore[misc]
 
-    def get_many(self, sample_ids: Sequence[int]) -> Lease:
+    def get_many(self, sample_ids: Sequence[int], *, defer_verify: bool = False) -> Lease:
         """Record buffers for every id, in order; close the lease when done with them.
 
         Args:
             sample_ids: Sample ids (any int sequence or a numpy integer array).
+            defer_verify: Let the tiers leave record checksums to the caller's gather
+                (NOTE[deferred-verify] in ``tier.py``; :meth:`collate_many` does it all).
 
         Returns:
-            A lease whose ``buffers[i]`` is the record of ``sample_ids[i]``. Records
-            read from the source are written into the tiers when it is closed
-            (NOTE[chain-writeback]).
+            A lease whose ``buffers[i]`` is the record of ``sample_ids[i]``, ``unverified``
+            when some of them still need their checksum checked. Records read from the
+            source are written into the tiers when it is closed (NOTE[chain-writeback]).
 
         Raises:
             ConfigError: An id is out of range, or the source broke its contract.
@@ -226,7 +228,7 @@ class ReadThroughCache:
         leases: list[Lease] = []
         writes: list[CacheItem] = []
         try:
-            pending = self._read_tiers(keys, fingerprints, buffers, leases)
+            pending = self._read_tiers(keys, fingerprints, buffers, leases, defer_verify)
             if pending:
                 self._fill_from_source(ids, keys, fingerprints, pending, buffers, writes)
         except BaseException:
@@ -246,7 +248,74 @@ class ReadThroughCache:
                 for tier in self.tiers if writes else ():
                     tier.put_many(writes)
 
-        return Lease(buffers, release)
+        return Lease(buffers, release, unverified=any(lease.unverified for lease in leases))
+
+    def drop_corrupt(self, sample_ids: Sequence[int]) -> int:
+        """Check the tiers' entries for these ids and drop the corrupt ones.
+
+        For records a gather found corrupt (NOTE[deferred-verify] in ``tier.py``); each
+        tier counts what it drops in its ``corruptions``.
+
+        Returns:
+            Entries dropped, summed over the tiers.
+
+        Raises:
+            ConfigError: An id is out of range.
+        """
+        ids = self._check_ids(sample_ids)
+        if not ids or not self.tiers:
+            return 0
+        keys = self.source.keys(ids)
+        return sum(tier.drop_corrupt(keys) for tier in self.tiers)
+
+    def collate_many(
+        self,
+        sample_ids: Sequence[int],
+        *,
+        fields: Sequence[str] | None = None,
+        alloc: Callable[[int], Any] = record.aligned_empty,
+    ) -> dict[str, Any]:
+        """Read and gather one batch, each record checked in the same pass as its copy.
+
+        ``get_many(sample_ids, defer_verify=True)`` and ``record.collate(...,
+        verify=lease.unverified)``. If that gather finds a corrupt cached record, nothing
+        it gathered is returned: the records that fail are dropped from the tiers
+        (:meth:`drop_corrupt`), and the batch is read again with the tiers checking every
+        record themselves, so the dropped ones come from the source (NOTE[deferred-verify]).
+
+        Args:
+            sample_ids: The batch's sample ids, in order.
+            fields: The fields to gather (default: all), as for ``record.collate``.
+            alloc: ``alloc(nbytes)`` gives the batch buffer, as for ``record.collate``.
+
+        Returns:
+            Field name -> batch, as ``record.collate`` returns it.
+
+        Raises:
+            CorruptRecordError: A record is malformed even when read from the source, or
+                the records disagree about a field.
+            ConfigError: Bad arguments.
+            StoreError: The source could not provide a sample.
+        """
+        ids = self._check_ids(sample_ids)
+        with self.get_many(ids, defer_verify=True) as lease:
+            try:
+                return record.collate(
+                    lease.buffers,
+                    fields=fields,
+                    alloc=alloc,
+                    verify=lease.unverified,
+                    sample_ids=ids,
+                )
+            except CorruptRecordError:
+                if not lease.unverified:
+                    raise
+                bad = record.verify_many(lease.buffers)
+                if not bad:
+                    raise
+        self.drop_corrupt([ids[i] for i in bad])
+        with self.get_many(ids) as lease:
+            return record.collate(lease.buffers, fields=fields, alloc=alloc, sample_ids=ids)
 
     def _check_ids(self, sample_ids: Sequence[int]) -> list[int]:
         try:
@@ -273,12 +342,17 @@ class ReadThroughCache:
         fingerprints: list[bytes],
         buffers: list[Any],
         leases: list[Lease],
+        defer_verify: bool,
     ) -> list[int]:
         pending = list(range(len(keys)))
         for level, tier in enumerate(self.tiers):
             if not pending:
                 break
-            lease = tier.get_many([keys[i] for i in pending], [fingerprints[i] for i in pending])
+            lease = tier.get_many(
+                [keys[i] for i in pending],
+                [fingerprints[i] for i in pending],
+                defer_verify=defer_verify,
+            )
             found: list[int] = []
             still: list[int] = []
             for i, buf in zip(pending, lease.buffers, strict=True):

@@ -226,12 +226,16 @@ class LmdbTier:
 
     # -- reads --------------------------------------------------------------------------
 
-    def get_many(self, keys: Sequence[bytes], fingerprints: Sequence[bytes]) -> Lease:
+    def get_many(
+        self, keys: Sequence[bytes], fingerprints: Sequence[bytes], *, defer_verify: bool = False
+    ) -> Lease:
         """Look up keys; the lease holds the read transaction until ``close()``.
 
         A miss, a stale entry (other fingerprint) and a corrupt entry (bad header or
         checksum; it is deleted) are ``None``. If the cache cannot be read, every key
-        is ``None`` and counted as a fall-through.
+        is ``None`` and counted as a fall-through. With ``defer_verify`` (and
+        ``verify="always"``) record checksums are left to the caller's gather and the
+        lease says ``unverified`` (NOTE[deferred-verify] in ``tier.py``).
 
         Raises:
             ConfigError: Keys and fingerprints differ in number or are not 16 bytes.
@@ -241,7 +245,7 @@ class LmdbTier:
         handle = self._get_handle()
         if handle is not None:
             self._stamp(handle, keys)
-            lease = self._read(handle, keys, fingerprints, started)
+            lease = self._read(handle, keys, fingerprints, started, defer_verify=defer_verify)
             if lease is not None:
                 return lease
         n = len(keys)
@@ -254,7 +258,10 @@ class LmdbTier:
         keys: Sequence[bytes],
         fingerprints: Sequence[bytes],
         started: float,
+        *,
+        defer_verify: bool,
     ) -> Lease | None:
+        verify = self.config.verify == "always" and not defer_verify
         for attempt in (0, 1):
             token = handle.gate.acquire_shared()
             try:
@@ -269,7 +276,7 @@ class LmdbTier:
                 self._degrade("read", f"{type(exc).__name__}: {exc}")
                 return None
             try:
-                buffers, stale, bad = self._lookup(handle, txn, keys, fingerprints)
+                buffers, stale, bad = self._lookup(handle, txn, keys, fingerprints, verify)
             except lmdb.Error as exc:
                 txn.abort()
                 handle.gate.release_shared(token)
@@ -277,6 +284,7 @@ class LmdbTier:
                 return None
             break
         if bad:
+            self._warn_corrupt(keys[bad[0]])
             self._drop_corrupt(handle, [keys[i] for i in bad])
         hits = [b for b in buffers if b is not None]
         self._stats.record_call(
@@ -288,7 +296,8 @@ class LmdbTier:
             corruptions=len(bad),
             bytes_read=sum(map(len, hits)),
         )
-        return Lease(buffers, _releaser(handle, txn, token))
+        unverified = bool(hits) and defer_verify and self.config.verify == "always"
+        return Lease(buffers, _releaser(handle, txn, token), unverified=unverified)
 
     def _recover_begin(self, handle: _env.EnvHandle, exc: BaseException) -> bool:
         if isinstance(exc, lmdb.MapResizedError):
@@ -301,6 +310,7 @@ class LmdbTier:
         txn: Any,
         keys: Sequence[bytes],
         fingerprints: Sequence[bytes],
+        verify: bool,
     ) -> tuple[list[Any], int, list[int]]:
         # NOTE[lmdb-readahead]: when cold, ask for every value's pages before the gets.
         faults = self._readahead.before_gets(handle, txn, keys)
@@ -321,10 +331,10 @@ class LmdbTier:
                 stale += 1
             else:
                 bad.append(i)
-        if self.config.verify == "always":
+        if verify:
             bad.extend(self._verify(buffers))
-            for i in bad:
-                buffers[i] = None
+        for i in bad:
+            buffers[i] = None
         return buffers, stale, bad
 
     def _verify(self, buffers: list[Any]) -> list[int]:
@@ -338,22 +348,52 @@ class LmdbTier:
         results = self._readahead.executor().map(record.verify_many, parts)
         return sorted(found[k + j * step] for k, bad in enumerate(results) for j in bad)
 
-    def _drop_corrupt(self, handle: _env.EnvHandle, keys: list[bytes]) -> None:
+    def drop_corrupt(self, keys: Sequence[bytes]) -> int:
+        """Check these entries again and delete those whose header or record fails.
+
+        For records a gather found corrupt after ``get_many(..., defer_verify=True)``
+        (NOTE[deferred-verify] in ``tier.py``). Each one that fails counts in
+        ``stats().corruptions`` (it was counted as a hit when it was read) and the first
+        is logged; an entry that passes (rewritten meanwhile) stays.
+
+        Returns:
+            How many entries failed (0 when the cache is unavailable).
+
+        Raises:
+            ConfigError: A key is not 16 bytes.
+        """
+        check_keys(keys, keys)
+        handle = self._get_handle()
+        if handle is None or not keys:
+            return 0
+        failed = self._drop_corrupt(handle, list(keys))
+        if failed:
+            self._warn_corrupt(failed[0])
+            self._stats.add(corruptions=len(failed))
+        return len(failed)
+
+    def _warn_corrupt(self, key: bytes) -> None:
         self._warn_once(
             "corrupt",
             "LMDB cache entry %s in %s failed its header or checksum check; dropped it "
             "and refetching (further ones are counted in stats().corruptions)",
-            keys[0].hex(),
+            key.hex(),
             self.root,
         )
+
+    def _drop_corrupt(self, handle: _env.EnvHandle, keys: list[bytes]) -> list[bytes]:
+        """Delete the entries of keys that fail their check; returns their keys."""
+        failed: list[bytes] = []
         try:
             with handle.shared(), handle.env.begin(write=True, buffers=True) as txn:
                 for key in keys:
                     value = txn.get(key, db=handle.records)
                     if value is not None and not self._entry_ok(key, value):
                         self._delete(handle, txn, key, len(value))
+                        failed.append(key)
         except lmdb.Error as exc:
             self._pause_writes(f"{type(exc).__name__}: {exc}")
+        return failed
 
     def _entry_ok(self, key: bytes, value: Any) -> bool:
         n = len(value) - HEADER_BYTES

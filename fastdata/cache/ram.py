@@ -105,8 +105,13 @@ class RamTier:
         """The byte budget."""
         return self.config.ram_bytes
 
-    def get_many(self, keys: Sequence[bytes], fingerprints: Sequence[bytes]) -> Lease:
+    def get_many(
+        self, keys: Sequence[bytes], fingerprints: Sequence[bytes], *, defer_verify: bool = False
+    ) -> Lease:
         """Look up keys; a miss, a stale entry or a corrupt entry is ``None``.
+
+        ``defer_verify`` changes nothing here: records were checked as they entered, so a
+        lease is never ``unverified`` (NOTE[deferred-verify] in ``tier.py``).
 
         Raises:
             ConfigError: Keys and fingerprints differ in number or are not 16 bytes.
@@ -235,6 +240,11 @@ class RamTier:
         usage[0] += delta
 
     def _evict_keys(self, keys: Sequence[bytes]) -> int:
+        removed = self._remove(keys)
+        self._stats.add(evictions=removed)
+        return removed
+
+    def _remove(self, keys: Sequence[bytes]) -> int:
         removed = 0
         for key in keys:
             entry = self._entries.pop(key, None)
@@ -244,7 +254,6 @@ class RamTier:
             self._used -= cost
             self._usage[key[:DATASET_ID_BYTES]][0] -= cost
             removed += 1
-        self._stats.add(evictions=removed)
         return removed
 
     def _evict_dataset(self, dataset_id: bytes) -> int:
@@ -258,6 +267,31 @@ class RamTier:
         """Remove keys; returns how many were present."""
         with self._lock:
             return self._evict_keys(list(keys))
+
+    def drop_corrupt(self, keys: Sequence[bytes]) -> int:
+        """Check these entries now and remove those failing their checksum.
+
+        Entries are checked as they enter (with ``verify="always"``), so this finds
+        nothing unless the tier runs with ``verify="never"``.
+
+        Returns:
+            How many entries failed; each counts in ``stats().corruptions``.
+
+        Raises:
+            ConfigError: A key is not 16 bytes.
+        """
+        check_keys(keys, keys)
+        with self._lock:
+            found = [(k, e[1]) for k in keys if (e := self._entries.get(k)) is not None]
+        bad = [found[j][0] for j in record.verify_many([r for _, r in found])]
+        if not bad:
+            return 0
+        checked = dict(found)
+        with self._lock:
+            # Only entries still holding the record that failed, not one put meanwhile.
+            self._remove([k for k in bad if (e := self._entries.get(k)) and e[1] is checked[k]])
+        self._stats.add(corruptions=len(bad))
+        return len(bad)
 
     def hint(self, upcoming_keys: Sequence[bytes]) -> None:
         """Announce keys that will be read soon, in order.

@@ -7,6 +7,18 @@ never data. A miss is ``None`` in ``Lease.buffers``, not an exception.
 
 Keys are ``dataset_id (8 bytes) + big-endian u64 sample id``, so every key of one
 dataset shares its first 8 bytes and a range over that prefix covers the dataset.
+
+NOTE[deferred-verify]: every record a tier hands out has passed its checksum, or the lease
+says it has not. ``get_many(keys, fingerprints)`` checks checksums itself (the LMDB tier
+reads each record once for that, before the gather reads it again). A caller that gathers
+with ``record.collate(..., verify=lease.unverified)`` passes ``defer_verify=True``: the
+LMDB tier then checks only entry headers and sets ``lease.unverified``, and the gather
+sums each record in the same pass as its copy (NOTE[collate-verify] in record.py). When
+that gather fails, the caller drops nothing it has gathered, calls ``drop_corrupt`` with
+the keys of the failing records (found with ``record.verify_many``), which checks the
+entries again, deletes the bad ones and counts them as ``corruptions``, and reads the
+batch again. ``ReadThroughCache.collate_many`` is that caller. The RAM tier checks records
+as they enter, so its leases are never unverified.
 """
 
 from __future__ import annotations
@@ -120,15 +132,27 @@ class Lease:
     Args:
         buffers: One entry per requested key.
         release: Called once by :meth:`close`; ``None`` when nothing must be released.
+        unverified: Some buffers still need their checksum checked (NOTE[deferred-verify]).
+
+    Attributes:
+        buffers: The records, ``None`` for a miss.
+        unverified: ``True`` when the lease came from ``get_many(..., defer_verify=True)``
+            and some buffer's checksum was not checked: gather with ``record.collate(...,
+            verify=True)`` and report failures with ``drop_corrupt``.
     """
 
-    __slots__ = ("_release", "buffers")
+    __slots__ = ("_release", "buffers", "unverified")
 
     def __init__(
-        self, buffers: list[Buffer | None], release: Callable[[], None] | None = None
+        self,
+        buffers: list[Buffer | None],
+        release: Callable[[], None] | None = None,
+        *,
+        unverified: bool = False,
     ) -> None:
         self.buffers = buffers
         self._release = release
+        self.unverified = unverified
 
     @property
     def is_open(self) -> bool:
@@ -280,8 +304,18 @@ class Tier(Protocol):
 
     name: str
 
-    def get_many(self, keys: Sequence[bytes], fingerprints: Sequence[bytes]) -> Lease:
-        """Look up keys; ``lease.buffers[i]`` is the record of ``keys[i]`` or ``None``."""
+    def get_many(
+        self, keys: Sequence[bytes], fingerprints: Sequence[bytes], *, defer_verify: bool = False
+    ) -> Lease:
+        """Look up keys; ``lease.buffers[i]`` is the record of ``keys[i]`` or ``None``.
+
+        With ``defer_verify``, a tier may leave record checksums to the caller's gather and
+        says so in ``lease.unverified`` (NOTE[deferred-verify]).
+        """
+        ...
+
+    def drop_corrupt(self, keys: Sequence[bytes]) -> int:
+        """Check these entries now and drop those that fail; returns how many failed."""
         ...
 
     def put_many(self, items: Sequence[CacheItem]) -> int:

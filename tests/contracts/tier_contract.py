@@ -183,6 +183,40 @@ class TierContract:
         assert read_all(tier, [bad.key], [bad.fingerprint]) == [None]
         assert tier.stats().corruptions == 1
 
+    def test_a_deferred_read_returns_checked_records_or_says_unverified(self, tier: Tier) -> None:
+        # NOTE[deferred-verify]: nothing unchecked leaves a tier without the lease saying so.
+        bad = CacheItem(make_key(DATASET, 5), fingerprint(5), corrupt_record(5))
+        tier.put_many([bad, item(6)])
+        keys, fps = [bad.key, make_key(DATASET, 6)], [bad.fingerprint, fingerprint(6)]
+        with tier.get_many(keys, fps, defer_verify=True) as lease:
+            got = [None if b is None else bytes(b) for b in lease.buffers]
+            unverified = lease.unverified
+        assert got[1] == make_record(6)
+        assert got[0] in (None, corrupt_record(5))
+        if got[0] is not None:
+            assert unverified
+        assert tier.drop_corrupt(keys) == (0 if got[0] is None else 1)
+        assert tier.stats().corruptions == 1
+        assert read_all(tier, keys, fps) == [None, make_record(6)]
+        assert tier.drop_corrupt(keys) == 0
+        assert tier.stats().corruptions == 1
+
+    def test_drop_corrupt_keeps_sound_entries_and_checks_keys(self, tier: Tier) -> None:
+        tier.put_many([item(i) for i in range(4)])
+        keys = [make_key(DATASET, i) for i in range(6)]
+        assert tier.drop_corrupt(keys) == 0
+        assert read_all(tier, keys[:4], [fingerprint(i) for i in range(4)]) == [
+            make_record(i) for i in range(4)
+        ]
+        assert tier.stats().corruptions == 0
+        with pytest.raises(ConfigError, match="16 bytes"):
+            tier.drop_corrupt([b"short"])
+
+    def test_a_plain_read_is_never_unverified(self, tier: Tier) -> None:
+        tier.put_many([item(1)])
+        with tier.get_many([make_key(DATASET, 1)], [fingerprint(1)]) as lease:
+            assert not lease.unverified
+
     def test_verify_never_skips_the_checksum(self, make_tier: Callable[..., Tier]) -> None:
         tier = make_tier(
             CacheConfig(
@@ -192,6 +226,8 @@ class TierContract:
         bad = CacheItem(make_key(DATASET, 5), fingerprint(5), corrupt_record(5))
         tier.put_many([bad])
         assert read_all(tier, [bad.key], [bad.fingerprint]) == [corrupt_record(5)]
+        with tier.get_many([bad.key], [bad.fingerprint], defer_verify=True) as lease:
+            assert not lease.unverified  # nobody checks with verify="never"
 
     def test_evict_removes_keys_and_counts_them(self, tier: Tier) -> None:
         tier.put_many([item(i) for i in range(5)])

@@ -5,11 +5,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+from fastdata import record
 from fastdata.cache import (
     CacheStats,
     LmdbTier,
@@ -21,8 +24,8 @@ from fastdata.cache import (
 )
 from fastdata.cache.ram import ENTRY_OVERHEAD_BYTES
 from fastdata.config import CacheConfig
-from fastdata.errors import ConfigError, StoreError
-from tests.contracts.tier_contract import DATASET, FakeSource, make_record
+from fastdata.errors import ConfigError, CorruptRecordError, StoreError
+from tests.contracts.tier_contract import DATASET, FakeSource, make_record, payload
 
 
 @pytest.fixture
@@ -123,6 +126,133 @@ def test_corrupt_lmdb_entry_is_dropped_counted_logged_and_refetched(
         assert source.samples_read.count(3) == 2
         assert records(cache, [3]) == [source.expected(3)]
         assert lmdb_tier.stats().corruptions == 1
+
+
+def _flip_lmdb_record_byte(tier: LmdbTier, sample_id: int) -> None:
+    """Flip one payload byte of a cached record: its entry header stays sound."""
+    handle = tier._get_handle()
+    assert handle is not None
+    key = make_key(DATASET, sample_id)
+    with handle.env.begin(write=True, db=handle.records) as txn:
+        value = bytearray(txn.get(key))
+        value[-3] ^= 0x55
+        txn.put(key, bytes(value))
+
+
+def _collated(cache: ReadThroughCache, ids: list[int]) -> list[dict[str, object]]:
+    batch = cache.collate_many(ids)
+    return [
+        {"id": int(batch["id"][j]), "version": int(batch["version"][j]), "data": batch["data"][j]}
+        for j in range(len(ids))
+    ]
+
+
+def _expected(source: FakeSource, ids: list[int]) -> list[dict[str, object]]:
+    return [
+        {"id": i, "version": source.versions[i], "data": np.frombuffer(payload(i), np.uint8)}
+        for i in ids
+    ]
+
+
+def _same(got: list[dict[str, object]], want: list[dict[str, object]]) -> bool:
+    return len(got) == len(want) and all(
+        g["id"] == w["id"] and g["version"] == w["version"] and bytes(g["data"]) == bytes(w["data"])  # type: ignore[arg-type]
+        for g, w in zip(got, want, strict=True)
+    )
+
+
+def test_collate_many_checks_checksums_in_the_gather_not_in_the_tier(
+    config: CacheConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = FakeSource(40)
+    lmdb_config = dataclasses.replace(config, ram_bytes=0)
+    with ReadThroughCache(default_tiers(lmdb_config), source, config=lmdb_config) as cache:
+        ids = list(range(40))
+        assert _same(_collated(cache, ids), _expected(source, ids))
+        calls: list[bool] = []
+        real_collate = record.collate
+
+        def spy(*args: object, **kwargs: object) -> object:
+            calls.append(bool(kwargs.get("verify")))
+            return real_collate(*args, **kwargs)  # type: ignore[arg-type]
+
+        checks: list[int] = []
+        real_verify_many = record.verify_many
+        monkeypatch.setattr(record, "collate", spy)
+        monkeypatch.setattr(
+            record,
+            "verify_many",
+            lambda buffers, **kw: checks.append(len(buffers)) or real_verify_many(buffers, **kw),
+        )
+        assert _same(_collated(cache, ids[::-1]), _expected(source, ids[::-1]))
+        assert calls == [True]  # every record came from LMDB, unverified: the gather checks
+        assert checks == []  # and nothing read the records to check them before
+        assert source.reads == 1
+
+
+def test_collate_many_drops_a_record_the_gather_finds_corrupt_and_refetches_it(
+    config: CacheConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    source = FakeSource(10)
+    lmdb_tier = LmdbTier(config)
+    with ReadThroughCache([RamTier(config), lmdb_tier], source, config=config) as cache:
+        records(cache, list(range(10)))
+        _flip_lmdb_record_byte(lmdb_tier, 3)
+    # A new process's view: an empty RAM tier in front of the damaged LMDB tier.
+    lmdb_tier = LmdbTier(config)
+    with ReadThroughCache([RamTier(config), lmdb_tier], source, config=config) as cache:
+        with caplog.at_level(logging.WARNING):
+            assert _same(_collated(cache, [2, 3, 4]), _expected(source, [2, 3, 4]))
+        assert lmdb_tier.stats().corruptions == 1
+        assert "failed its header or checksum" in caplog.text
+        assert source.samples_read.count(3) == 2
+        # Written back from the source: the next read is a sound hit.
+        assert _same(_collated(cache, [3]), _expected(source, [3]))
+        assert source.samples_read.count(3) == 2
+        assert lmdb_tier.stats().corruptions == 1
+
+
+class _NoDataFor(FakeSource):
+    """A source whose sample ``bad`` has no ``data`` field (sound bytes, wrong shape)."""
+
+    def __init__(self, num_samples: int, bad: int) -> None:
+        super().__init__(num_samples)
+        self.bad = bad
+
+    def read_samples(self, sample_ids: Sequence[int]) -> list[Any]:
+        samples = super().read_samples(sample_ids)
+        return [
+            {"id": s["id"], "version": s["version"]} if s["id"] == self.bad else s for s in samples
+        ]
+
+
+def test_collate_many_raises_what_the_source_itself_gets_wrong(config: CacheConfig) -> None:
+    source = _NoDataFor(6, bad=2)
+    lmdb_config = dataclasses.replace(config, ram_bytes=0)
+    with ReadThroughCache(default_tiers(lmdb_config), source, config=lmdb_config) as cache:
+        records(cache, [0, 1])
+        # 0 and 1 come from LMDB unchecked, 2 from the source without the field: every
+        # checksum passes, so the error is the data's, raised once, with nothing dropped.
+        with pytest.raises(CorruptRecordError, match=r"record 2 of the batch \(sample 2\)"):
+            cache.collate_many([0, 1, 2])
+        with pytest.raises(ConfigError, match="no record in this batch has field 'nope'"):
+            cache.collate_many([0, 1], fields=["nope"])
+        assert source.samples_read.count(2) == 1
+        assert source.samples_read.count(0) == 1
+        assert cache.stats().tiers[0].corruptions == 0
+
+
+def test_drop_corrupt_counts_each_tier_and_checks_ids(config: CacheConfig) -> None:
+    source = FakeSource(10)
+    lmdb_tier = LmdbTier(config)
+    with ReadThroughCache([lmdb_tier], source, config=config) as cache:
+        records(cache, list(range(10)))
+        _flip_lmdb_record_byte(lmdb_tier, 7)
+        assert cache.drop_corrupt([6, 7, 8]) == 1
+        assert cache.drop_corrupt([7]) == 0
+        assert lmdb_tier.stats().corruptions == 1
+        with pytest.raises(ConfigError, match=r"outside 0\.\.9"):
+            cache.drop_corrupt([10])
 
 
 def test_concurrent_misses_for_the_same_key_fetch_once(config: CacheConfig) -> None:
