@@ -28,6 +28,7 @@ import itertools
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
@@ -210,6 +211,12 @@ class Dataset(IterableDataset):  # type: ignore[type-arg]
             isinstance(fields, str) or not all(isinstance(f, str) for f in fields)
         ):
             raise ConfigError(f"fields must be a sequence of field names, got {fields!r}")
+        for name, value in (
+            ("storage_options", storage_options),
+            ("layout_options", layout_options),
+        ):
+            if value is not None and not isinstance(value, Mapping):
+                raise ConfigError(f"{name} must be a mapping (a dict), got {value!r}")
         self.config = _merge_config(config, cache_dir, cache_bytes, ram_bytes)
         self.shuffle: ShuffleMode = _shuffle_mode(shuffle)
         self.plan_config = PlanConfig(batch_size=batch_size, seed=seed, shuffle=self.shuffle)
@@ -231,22 +238,31 @@ class Dataset(IterableDataset):  # type: ignore[type-arg]
         self.epoch = 0
         self._shard_sizes: np.ndarray | None = None
         self._runtime: _Runtime | None = None
-        self._runtime_lock = threading.Lock()
+        self._new_lock()
 
     # -- pickling and per-process handles (NOTE[dataset-runtime]) ----------------------
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_runtime"] = None
-        state["_runtime_lock"] = None
+        for name in ("_runtime", "_runtime_lock", "_lock_pid", "_prefetchers"):
+            state[name] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._new_lock()
+
+    def _new_lock(self) -> None:
         self._runtime_lock = threading.Lock()
+        self._lock_pid = os.getpid()
+        self._prefetchers: weakref.WeakSet[Prefetcher[np.ndarray, Any]] = weakref.WeakSet()
 
     def runtime(self) -> _Runtime:
         """This process's store, cache and pool, opened on first use."""
+        if self._lock_pid != os.getpid():
+            # A forked child: the parent's lock may have been held by one of its threads
+            # at the fork, and none of the parent's prefetchers run here.
+            self._new_lock()
         with self._runtime_lock:
             runtime = self._runtime
             if runtime is None or runtime.pid != os.getpid():
@@ -254,7 +270,11 @@ class Dataset(IterableDataset):  # type: ignore[type-arg]
             return runtime
 
     def close(self) -> None:
-        """Close this process's handles; the next use opens new ones."""
+        """Stop this process's prefetchers and close its handles; the next use opens new ones."""
+        if self._lock_pid != os.getpid():
+            self._new_lock()
+        for prefetcher in list(self._prefetchers):
+            prefetcher.close()
         with self._runtime_lock:
             runtime, self._runtime = self._runtime, None
         if runtime is not None and runtime.pid == os.getpid():
@@ -362,6 +382,7 @@ class Dataset(IterableDataset):  # type: ignore[type-arg]
         num_workers: int = 1,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         unbatch: bool = False,
+        group: int = 1,
     ) -> Prefetcher[np.ndarray, Any]:
         """Start background threads that fetch one consumer's batches of an epoch plan.
 
@@ -373,6 +394,9 @@ class Dataset(IterableDataset):  # type: ignore[type-arg]
                 dataset has a ``transform`` or when given (default: torch's default_collate).
             unbatch: Deliver each planned batch as a list of single (transformed) samples
                 instead of collating it.
+            group: Fetch this many consecutive planned batches together (with a plan of
+                one-sample batches, ``unbatch`` and ``group=64`` read 64 samples per
+                cache call yet keep a per-sample cursor).
 
         Returns:
             An iterator of batches (or sample lists) in plan order; close it (or use
@@ -383,12 +407,19 @@ class Dataset(IterableDataset):  # type: ignore[type-arg]
         def hint(upcoming: list[np.ndarray]) -> None:
             runtime.cache.hint(np.concatenate(upcoming))
 
-        return Prefetcher(
-            plan.batches_for_worker(worker_id, num_workers),
+        batches: Iterator[np.ndarray] = plan.batches_for_worker(worker_id, num_workers)
+        if group > 1:
+            batches = _grouped(batches, group)
+        prefetcher = Prefetcher(
+            batches,
             self._make_fetch(collate_fn, unbatch=unbatch),
             config=self.config.prefetch,
             hint=hint,
         )
+        if self._lock_pid != os.getpid():
+            self._new_lock()
+        self._prefetchers.add(prefetcher)
+        return prefetcher
 
     def __iter__(self) -> Iterator[Any]:
         """Single samples for a plain torch DataLoader: sharded across ranks and workers."""
@@ -401,6 +432,18 @@ class Dataset(IterableDataset):  # type: ignore[type-arg]
         ) as sample_lists:
             for samples in sample_lists:
                 yield from samples
+
+
+def _grouped(batches: Iterator[np.ndarray], group: int) -> Iterator[np.ndarray]:
+    """Concatenate runs of ``group`` consecutive batches (the last run may be shorter)."""
+    run: list[np.ndarray] = []
+    for batch in batches:
+        run.append(batch)
+        if len(run) == group:
+            yield np.concatenate(run)
+            run = []
+    if run:
+        yield np.concatenate(run)
 
 
 def distributed_world() -> tuple[int, int]:

@@ -122,6 +122,7 @@ class _WorkerStream(IterableDataset):  # type: ignore[type-arg]
             num_workers=num_workers,
             collate_fn=self.collate_fn,
             unbatch=self.unbatch,
+            group=self.dataset.plan_config.batch_size if self.unbatch else 1,
         ) as batches:
             yield from _flatten(batches) if self.unbatch else batches
 
@@ -231,7 +232,10 @@ class DataLoader:
         self.device = _check_device(device)
         seed = generator.initial_seed() if generator is not None else None
         self.plan_config = dataset.plan_config_for(
-            batch_size=batch_size or dataset.plan_config.batch_size,
+            # batch_size=None hands out single samples: the plan is then one sample per
+            # step, so state_dict() resumes at exactly the next sample; the samples are
+            # still fetched in groups of the dataset's batch_size (Dataset.prefetch).
+            batch_size=batch_size if batch_size is not None else 1,
             drop_last=drop_last,
             shuffle=shuffle,
             seed=seed,
@@ -348,7 +352,12 @@ class DataLoader:
 
     def _thread_batches(self, plan: EpochPlan) -> Iterator[Any]:
         unbatch = self.batch_size is None
-        prefetcher = self.dataset.prefetch(plan, collate_fn=self.collate_fn, unbatch=unbatch)
+        prefetcher = self.dataset.prefetch(
+            plan,
+            collate_fn=self.collate_fn,
+            unbatch=unbatch,
+            group=self.dataset.plan_config.batch_size if unbatch else 1,
+        )
         self._prefetcher = prefetcher
         return _flatten(prefetcher) if unbatch else prefetcher
 

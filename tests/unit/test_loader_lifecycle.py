@@ -73,3 +73,51 @@ def test_world_size_and_rank_must_be_ints(files_dataset: Any, kwargs: dict[str, 
     url, _, cache = files_dataset
     with _dataset(url, cache) as ds, pytest.raises(ConfigError, match="world_size"):
         fastdata.DataLoader(ds, batch_size=8, **kwargs)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_single_samples_resume_at_exactly_the_next_sample(
+    files_dataset: Any, num_workers: int
+) -> None:
+    url, _, cache = files_dataset
+    with _dataset(url, cache, batch_size=16) as ds:
+        loader = fastdata.DataLoader(ds, batch_size=None, num_workers=num_workers)
+        assert len(loader) == 203
+        it = iter(loader)
+        first = [next(it)["__id__"] for _ in range(10)]
+        state = loader.state_dict()
+        loader.close()
+        assert state["plan"]["cursor"] == 10
+        resumed = fastdata.DataLoader(ds, batch_size=None, num_workers=num_workers)
+        resumed.load_state_dict(state)
+        rest = [s["__id__"] for s in resumed]
+    assert sorted(first + rest) == list(range(203))
+
+
+def test_close_stops_prefetchers_started_from_the_dataset(files_dataset: Any) -> None:
+    url, _, cache = files_dataset
+    ds = _dataset(url, cache)
+    plan = fastdata.plan.EpochPlan(ds.order(0))
+    batches = ds.prefetch(plan)
+    next(batches)
+    ds.close()
+    assert batches.closed
+    gc.collect()
+    assert _prefetch_threads() == []
+
+
+def test_a_forked_child_never_waits_for_a_lock_held_at_the_fork(files_dataset: Any) -> None:
+    import os
+
+    url, _, cache = files_dataset
+    with _dataset(url, cache) as ds:
+        ds._runtime_lock.acquire()  # as if a prefetch thread held it at the fork
+        try:
+            pid = os.fork()
+            if pid == 0:  # the child reads one batch and leaves at once
+                code = 0 if ds.fetch_batch([0, 1])["__id__"].tolist() == [0, 1] else 1
+                os._exit(code)
+        finally:
+            ds._runtime_lock.release()
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
