@@ -162,6 +162,7 @@ class _Walker:
         size = int(self._pax["size"]) if "size" in self._pax else info.size
         name = self._pax.get("path") or self._long_name or info.name
         start = self._meta_start if self._meta_start is not None else self.pos
+        self._check_size(size, name)
         self._meta_start, self._long_name, self._pax = None, None, {}
         if size > self.limit - data_start:
             self._truncated(start, name, size, data_start)
@@ -173,9 +174,16 @@ class _Walker:
             self.done = True
         return True
 
+    def _check_size(self, size: int, name: str) -> None:
+        # A GNU base-256 size can be negative: the walk would step back onto the same
+        # header and never end. Every header must move the walk forward.
+        if size < 0:
+            raise self._fail(self.pos, f"tar header of {name!r} gives a negative size ({size})")
+
     def _meta(
         self, view: memoryview, base: int, end: int, info: tarfile.TarInfo, data_start: int
     ) -> bool:
+        self._check_size(info.size, info.name)
         if info.size > _MAX_META_BYTES:
             raise self._fail(self.pos, f"tar metadata header of {info.size} bytes is too large")
         if info.size > self.limit - data_start:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import struct
 import tarfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +177,59 @@ def test_tar_garbage_header_raises_corrupt_with_offset(tmp_path: Path) -> None:
     with pytest.raises(CorruptRecordError, match="invalid tar header") as info:
         scan_tar(tmp_path, bytes(data))
     assert info.value.offset == 1024
+
+
+def set_tar_number(data: bytearray, header: int, field: int, value: int) -> None:
+    """Write ``value`` into the 12-byte number field at ``field`` of the header at ``header``
+    (octal, or GNU base-256 when it does not fit or is negative) and fix the checksum."""
+    data[header + field : header + field + 12] = tarfile.itn(value, 12, tarfile.GNU_FORMAT)
+    data[header + 148 : header + 156] = b" " * 8
+    checksum = sum(data[header : header + 512])
+    data[header + 148 : header + 156] = b"%06o\0 " % checksum
+
+
+@pytest.mark.timeout(30)  # the bug this guards against is an endless loop
+@pytest.mark.parametrize("size", [-512, -1, -(2**40)])
+def test_tar_negative_base256_size_is_corrupt_not_an_endless_walk(
+    tmp_path: Path, size: int
+) -> None:
+    data = bytearray(tar_bytes([("a.jpg", b"A" * 10), ("b.jpg", b"B" * 700)]))
+    set_tar_number(data, 1024, 124, size)  # b.jpg's size field
+    with pytest.raises(CorruptRecordError, match="negative size") as info:
+        scan_tar(tmp_path, bytes(data))
+    assert info.value.offset == 1024
+    assert "s.tar" in str(info.value)
+
+
+@pytest.mark.timeout(30)
+def test_tar_negative_long_name_size_is_corrupt(tmp_path: Path) -> None:
+    data = bytearray(tar_bytes([("k" * 200 + ".jpg", b"J")]))
+    with tarfile.open(fileobj=io.BytesIO(bytes(data))) as tf:
+        assert tf.getmembers()[0].offset == 0  # the GNU long-name header comes first
+    set_tar_number(data, 0, 124, -1024)
+    with pytest.raises(CorruptRecordError, match="negative size") as info:
+        scan_tar(tmp_path, bytes(data))
+    assert info.value.offset == 0
+
+
+@pytest.mark.timeout(30)
+def test_tar_negative_size_in_a_sample_range_is_corrupt_when_decoding(tmp_path: Path) -> None:
+    from fastdata.layouts.base import UnitView
+
+    data = tar_bytes([("a.jpg", b"A" * 10), ("a.cls", b"1")])
+    _store, info, rows = scan_tar(tmp_path, data)
+    broken = bytearray(data)
+    set_tar_number(broken, 1024, 124, -512)  # a.cls, inside the sample's range
+    raw = bytes(broken)
+    start, length = int(rows["offset"][0]), int(rows["length"][0])
+    unit = UnitView(
+        info.path, info.size, b"", b"k" * 16, raw, memoryview(raw)[start : start + length],
+        start, rows, np.array([7]),
+    )  # fmt: skip
+    with pytest.raises(CorruptRecordError, match="negative size") as error:
+        TarLayout().decode_unit(unit)
+    assert error.value.offset == 1024
+    assert error.value.sample_id == 7
 
 
 def test_tar_scan_handles_many_small_and_some_large_members(tmp_path: Path) -> None:
@@ -370,13 +424,30 @@ def _index_all(root: Path, name: str, data: bytes) -> Exception | None:
 def _mutations() -> Any:
     from hypothesis import strategies as st
 
-    return st.lists(
-        st.tuples(st.integers(0, 10**6), st.integers(1, 255)), min_size=1, max_size=4
-    ), st.one_of(st.none(), st.integers(0, 10**6))
+    flips = st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), max_size=4)
+    cut = st.one_of(st.none(), st.integers(0, 10**6))
+    # Valid headers with odd numbers in their size field (GNU base-256 when negative or
+    # large): a random flip almost never builds one, and a checksum that fails hides it.
+    sizes = st.lists(st.tuples(st.integers(0, 10**6), st.integers(-(2**40), 2**40)), max_size=2)
+    return flips, cut, sizes
 
 
-def _mutate(data: bytes, flips: list[tuple[int, int]], cut: int | None) -> bytes:
+def _tar_headers(data: bytes) -> list[int]:
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        members = tf.getmembers()
+    return sorted({m.offset for m in members} | {m.offset_data - 512 for m in members})
+
+
+def _mutate(
+    data: bytes,
+    flips: list[tuple[int, int]],
+    cut: int | None,
+    sizes: Sequence[tuple[int, int]] = (),
+) -> bytes:
     out = bytearray(data)
+    headers = _tar_headers(data) if sizes else []
+    for which, size in sizes:
+        set_tar_number(out, headers[which % len(headers)], 124, size)
     for where, xor in flips:
         out[where % len(out)] ^= xor
     return bytes(out if cut is None else out[: cut % (len(out) + 1)])
@@ -400,17 +471,21 @@ _PARQUET = _PARQUET_BUFFER.getvalue()
 @pytest.mark.parametrize(
     ("name", "data"), [("s.tar", _TAR), ("s.fdpack", _SHARD), ("s.parquet", _PARQUET)]
 )
+@pytest.mark.timeout(240)  # bounded: a walk that never ends fails here, not at 300 s
 def test_mutated_shards_index_or_raise_corrupt_never_crash(name: str, data: bytes) -> None:
     import tempfile
 
     from hypothesis import given
+    from hypothesis import strategies as st
 
-    flips_strategy, cut_strategy = _mutations()
+    flips_strategy, cut_strategy, sizes_strategy = _mutations()
+    if not name.endswith(".tar"):
+        sizes_strategy = st.just([])
 
-    @given(flips=flips_strategy, cut=cut_strategy)
-    def check(flips: list[tuple[int, int]], cut: int | None) -> None:
+    @given(flips=flips_strategy, cut=cut_strategy, sizes=sizes_strategy)
+    def check(flips: list[tuple[int, int]], cut: int | None, sizes: list[tuple[int, int]]) -> None:
         with tempfile.TemporaryDirectory() as tmp:
-            error = _index_all(Path(tmp), name, _mutate(data, flips, cut))
+            error = _index_all(Path(tmp), name, _mutate(data, flips, cut, sizes))
         if isinstance(error, CorruptRecordError):
             assert error.offset is not None
             assert name in str(error)
