@@ -7,10 +7,13 @@ chosen columns in its row group: reading a batch fetches each touched row group 
 with a ranged request, never the whole file, and pyarrow decodes the row group from
 that span (through a file object that serves only the fetched bytes).
 
-Fields: the chosen columns. Numeric, boolean and temporal columns give numpy scalars;
-``string`` gives ``str``; ``binary`` gives ``bytes``; lists of numbers give 1-D numpy
-arrays, fixed-size lists too. Nulls and other types (structs, maps, nested lists) raise
-``ConfigError`` naming the column, so choose ``fields`` without them.
+Fields: the chosen columns. Numeric and boolean columns give numpy scalars; temporal
+columns give ``np.int64`` ticks of the column's own unit (``_temporal_ticks``: timestamps
+since the Unix epoch in UTC, dates in days since it, times since midnight, durations as
+they are), because the record format has no datetime type; ``string`` gives ``str``;
+``binary`` gives ``bytes``; lists of numbers give 1-D numpy arrays, fixed-size lists too.
+Nulls and other types (intervals, structs, maps, nested lists) raise ``ConfigError``
+naming the column, so choose ``fields`` without them.
 """
 
 from __future__ import annotations
@@ -319,8 +322,8 @@ def _values(array: pa.Array, name: str, path: str, group: int) -> list[Any]:
         )
     if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
         return list(array.to_numpy(zero_copy_only=False))
-    if pa.types.is_temporal(kind):
-        return list(array.to_numpy(zero_copy_only=False))
+    if pa.types.is_temporal(kind) and not pa.types.is_interval(kind):
+        return list(_temporal_ticks(array))
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         return array.to_pylist()  # type: ignore[no-any-return]
     if (
@@ -335,6 +338,21 @@ def _values(array: pa.Array, name: str, path: str, group: int) -> list[Any]:
         f"column {name!r} of {path!r} has type {kind}, which fastdata cannot turn into a "
         "sample field; choose other fields"
     )
+
+
+def _temporal_ticks(array: pa.Array) -> np.ndarray:
+    """A timestamp, date, time or duration column as ``int64`` counts of its own unit.
+
+    The record format has no datetime type (``record.encode`` refuses ``datetime64``), so
+    the field keeps the integer Arrow stores: ``timestamp[unit]`` counts ``unit`` since
+    1970-01-01T00:00 UTC (a time zone changes only how it is displayed), ``date32`` days
+    and ``date64`` milliseconds since 1970-01-01, ``time32``/``time64`` ``unit`` since
+    midnight, ``duration[unit]`` ``unit``. The unit is the column's type in the file's
+    schema (``pyarrow.parquet.read_schema``); a collated batch of timestamps turns back
+    with ``batch.view(f"datetime64[{unit}]")``.
+    """
+    storage = pa.int32() if array.type.bit_width == 32 else pa.int64()
+    return array.view(storage).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
 def _list_values(array: pa.Array, name: str, path: str, group: int) -> list[Any]:

@@ -387,6 +387,43 @@ def test_parquet_with_many_row_groups_reads_only_touched_groups(tmp_path: Path) 
     assert only.read_samples(Store(index.url), [7]) == [{"name": "row-7"}]
 
 
+def test_parquet_temporal_columns_become_int64_ticks_of_their_unit(tmp_path: Path) -> None:
+    import datetime as dt
+
+    from fastdata import record
+
+    root = tmp_path / "times"
+    root.mkdir()
+    stamps = [dt.datetime(2024, 2, 29, 12, 0, 1, 500), dt.datetime(1969, 12, 31, 23, 59, 59)]
+    table = pa.table(
+        {
+            "ts_us": pa.array(stamps, pa.timestamp("us")),
+            "ts_ms_utc": pa.array(stamps, pa.timestamp("ms", tz="UTC")),
+            "day": pa.array([dt.date(2024, 2, 29), dt.date(1970, 1, 2)], pa.date32()),
+            "clock": pa.array([dt.time(1, 2, 3), dt.time(0, 0, 0, 7)], pa.time64("us")),
+            "wait": pa.array([1500, -2], pa.duration("ms")),
+        }
+    )
+    pq.write_table(table, root / "t.parquet")
+    index = open_index(str(root), cache_dir=cache(tmp_path))
+    samples = index.read_samples(Store(index.url), [0, 1])
+    first, second = samples
+    assert all(isinstance(v, np.int64) for v in first.values())
+    assert np.datetime64(int(first["ts_us"]), "us") == np.datetime64("2024-02-29T12:00:01.000500")
+    assert first["ts_ms_utc"] == 1709208001000
+    assert second["ts_us"] == -1_000_000  # one second before the epoch
+    assert (first["day"], second["day"]) == (19782, 1)
+    assert (first["clock"], second["clock"]) == (3723_000_000, 7)
+    assert (first["wait"], second["wait"]) == (1500, -2)
+    decoded = record.decode(record.to_record(first))
+    assert {k: int(np.asarray(v)) for k, v in decoded.items()} == {
+        k: int(v) for k, v in first.items()
+    }
+    batch = record.collate([record.to_record(s) for s in samples])
+    assert batch["ts_us"].dtype == np.int64
+    assert batch["ts_us"].view("datetime64[us]").tolist() == [stamps[0], stamps[1]]
+
+
 def test_parquet_nulls_are_refused_with_the_column_named(tmp_path: Path) -> None:
     root = tmp_path / "nulls"
     root.mkdir()
