@@ -27,12 +27,10 @@ from the source again (correct, only slower).
 
 from __future__ import annotations
 
-import bisect
 import logging
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -40,7 +38,15 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from fastdata import record
 from fastdata.cache.lmdb_tier import LmdbTier
 from fastdata.cache.ram import RamTier
-from fastdata.cache.tier import CacheItem, LatencyHistogram, Lease, Tier, TierStats
+from fastdata.cache.tier import (
+    CacheItem,
+    LatencyHistogram,
+    Lease,
+    StatsRecorder,
+    Tier,
+    TierStats,
+    reset_in_forked_child,
+)
 from fastdata.config import CacheConfig
 from fastdata.errors import ConfigError, CorruptRecordError
 
@@ -51,7 +57,14 @@ __all__ = ["CacheStats", "ReadThroughCache", "SampleSource", "default_tiers"]
 
 _log = logging.getLogger(__name__)
 _FLIGHT_WAIT_S = 1.0
-_LIVE: weakref.WeakSet[ReadThroughCache] = weakref.WeakSet()
+_COUNTERS = (
+    "requests",
+    "samples",
+    "source_reads",
+    "source_samples",
+    "source_bytes",
+    "singleflight_waits",
+)
 
 
 @runtime_checkable
@@ -179,17 +192,14 @@ class ReadThroughCache:
         self._given_tiers = list(tiers)
         self.source = source
         self._reset()
-        _LIVE.add(self)
+        # NOTE[singleflight]: a lock or flight held by another thread at fork is gone in
+        # the child; the child starts with empty state.
+        reset_in_forked_child(self)
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
         self._inflight: dict[bytes, _Flight] = {}
-        self._counts = dict.fromkeys(
-            ("requests", "samples", "source_reads", "source_samples", "source_bytes"), 0
-        )
-        self._counts["singleflight_waits"] = 0
-        self._latency = [0] * (len(LatencyHistogram().counts))
-        self._latency_total = 0.0
+        self._stats = StatsRecorder(_COUNTERS, calls=("source",))
         self._registered_pid = 0
 
     def __getstate__(self) -> dict[str, Any]:
@@ -235,9 +245,7 @@ class ReadThroughCache:
             for lease in leases:
                 lease.close()
             raise
-        with self._lock:
-            self._counts["requests"] += 1
-            self._counts["samples"] += len(ids)
+        self._stats.add(requests=1, samples=len(ids))
 
         def release() -> None:
             # NOTE[chain-writeback]: the tier leases first, then the writes.
@@ -417,8 +425,7 @@ class ReadThroughCache:
                 retry.append(key)
             else:
                 records[key] = flight.record
-        with self._lock:
-            self._counts["singleflight_waits"] += len(waiting)
+        self._stats.add(singleflight_waits=len(waiting))
         if retry:
             retried = {k: wanted[k] for k in retry}
             records.update(self._singleflight(ids, fingerprints, retried, writes))
@@ -440,15 +447,13 @@ class ReadThroughCache:
             self._land(owned, None)
             raise
         self._land(owned, records)
-        elapsed = time.perf_counter() - started
-        nbytes = sum(memoryview(r).nbytes for r in records)
-        bucket = bisect.bisect_right(LatencyHistogram().bounds_us, elapsed * 1e6)
-        with self._lock:
-            self._counts["source_reads"] += 1
-            self._counts["source_samples"] += len(owned)
-            self._counts["source_bytes"] += nbytes
-            self._latency[bucket] += 1
-            self._latency_total += elapsed
+        self._stats.record_call(
+            "source",
+            started,
+            source_reads=1,
+            source_samples=len(owned),
+            source_bytes=sum(memoryview(r).nbytes for r in records),
+        )
         writes.extend(
             CacheItem(k, fingerprints[wanted[k]], r) for k, r in zip(owned, records, strict=True)
         )
@@ -483,11 +488,9 @@ class ReadThroughCache:
 
     def stats(self) -> CacheStats:
         """Per-tier stats plus the source side of this process."""
-        with self._lock:
-            counts = dict(self._counts)
-            latency = LatencyHistogram(tuple(self._latency), self._latency_total)
+        counts, latency = self._stats.read()
         return CacheStats(
-            tiers=tuple(t.stats() for t in self.tiers), source_latency=latency, **counts
+            tiers=tuple(t.stats() for t in self.tiers), source_latency=latency["source"], **counts
         )
 
     def close(self) -> None:
@@ -500,14 +503,3 @@ class ReadThroughCache:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _reset_after_fork() -> None:
-    # NOTE[singleflight]: a lock or flight held by another thread at fork is gone in the
-    # child; start the child with empty state.
-    for cache in list(_LIVE):
-        cache._reset()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)

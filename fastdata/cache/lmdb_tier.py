@@ -27,7 +27,6 @@ import os
 import struct
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,7 +44,11 @@ from fastdata.cache.tier import (
     Lease,
     StatsRecorder,
     TierStats,
+    check_dataset_id,
+    check_items,
     check_keys,
+    check_num_samples,
+    reset_in_forked_child,
 )
 from fastdata.config import CacheConfig
 from fastdata.errors import ConfigError
@@ -81,7 +84,6 @@ _FULL_RETRY_S = 300.0
 _SPLIT_DEPTH = 3
 #: Batches with at least this many record bytes are verified on the pool threads.
 _PARALLEL_VERIFY_BYTES = 8 * 1024**2
-_LIVE: weakref.WeakSet[LmdbTier] = weakref.WeakSet()
 _DATASET_OF = operator.itemgetter(slice(0, DATASET_ID_BYTES))
 
 
@@ -126,7 +128,7 @@ class LmdbTier:
         self._clock = clock
         self._handle: _env.EnvHandle | None = None
         self._reset()
-        _LIVE.add(self)
+        reset_in_forked_child(self)  # NOTE[lmdb-fork]: locks held by other threads stay held
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
@@ -487,9 +489,7 @@ class LmdbTier:
             How many items are now resident (new, replaced or already present).
         """
         started = time.perf_counter()
-        if not all(isinstance(it, CacheItem) for it in items):
-            raise ConfigError("LmdbTier.put_many takes a sequence of CacheItem")
-        unique = list({it.key: it for it in items}.values())
+        unique = check_items(items, "LmdbTier")
         handle = self._get_handle()
         admitted = written = 0
         if handle is not None and time.monotonic() >= self._writes_retry_at:
@@ -802,14 +802,8 @@ class LmdbTier:
 
     def register_dataset(self, dataset_id: bytes, *, num_samples: int, name: str = "") -> None:
         """Store a dataset's sample count and label in the cache's metadata."""
-        if type(dataset_id) is not bytes or len(dataset_id) != DATASET_ID_BYTES:
-            raise ConfigError(f"dataset_id must be {DATASET_ID_BYTES} bytes, got {dataset_id!r}")
-        try:
-            num_samples = operator.index(num_samples)
-        except TypeError as exc:
-            raise ConfigError(f"num_samples must be an int, got {num_samples!r}") from exc
-        if num_samples < 0:
-            raise ConfigError(f"num_samples must not be negative, got {num_samples}")
+        check_dataset_id(dataset_id)
+        num_samples = check_num_samples(num_samples)
         handle = self._get_handle()
         if handle is None:
             return
@@ -856,10 +850,8 @@ class LmdbTier:
         Returns:
             Entries removed.
         """
-        if dataset_id is not None and (
-            type(dataset_id) is not bytes or len(dataset_id) != DATASET_ID_BYTES
-        ):
-            raise ConfigError(f"dataset_id must be {DATASET_ID_BYTES} bytes, got {dataset_id!r}")
+        if dataset_id is not None:
+            check_dataset_id(dataset_id)
         handle = self._get_handle()
         if handle is None:
             return 0
@@ -966,13 +958,3 @@ def _chunks(items: list[CacheItem], max_bytes: int) -> list[list[CacheItem]]:
         chunks[-1].append(item)
         size += nbytes
     return [c for c in chunks if c]
-
-
-def _reset_after_fork() -> None:
-    # NOTE[lmdb-fork]: locks held by other threads at fork stay held in the child.
-    for tier in list(_LIVE):
-        tier._reset()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)

@@ -22,10 +22,8 @@ from __future__ import annotations
 import itertools
 import logging
 import operator
-import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -38,7 +36,11 @@ from fastdata.cache.tier import (
     Lease,
     StatsRecorder,
     TierStats,
+    check_dataset_id,
+    check_items,
     check_keys,
+    check_num_samples,
+    reset_in_forked_child,
 )
 from fastdata.config import CacheConfig
 from fastdata.errors import ConfigError
@@ -53,7 +55,6 @@ ENTRY_OVERHEAD_BYTES = 256
 #: Most keys a hint window keeps.
 _MAX_HINT_KEYS = 1 << 17
 
-_LIVE: weakref.WeakSet[RamTier] = weakref.WeakSet()
 _DATASET_OF = operator.itemgetter(slice(0, DATASET_ID_BYTES))
 
 
@@ -80,7 +81,7 @@ class RamTier:
         self.config = config or CacheConfig()
         self._clock = clock
         self._reset()
-        _LIVE.add(self)
+        reset_in_forked_child(self)  # NOTE[ram-fork]
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
@@ -170,9 +171,7 @@ class RamTier:
             How many items are now resident (new, replaced or already present).
         """
         started = time.perf_counter()
-        if not all(isinstance(it, CacheItem) for it in items):
-            raise ConfigError("RamTier.put_many takes a sequence of CacheItem")
-        offered = list({it.key: it for it in items}.values())
+        offered = check_items(items, "RamTier")
         with self._lock:
             admitted, written = self._admit(offered)
         self._stats.record_call(
@@ -312,9 +311,8 @@ class RamTier:
 
     def register_dataset(self, dataset_id: bytes, *, num_samples: int, name: str = "") -> None:
         """Remember a dataset's sample count and label for :meth:`datasets`."""
-        _check_dataset_id(dataset_id)
-        if num_samples < 0:
-            raise ConfigError(f"num_samples must not be negative, got {num_samples}")
+        check_dataset_id(dataset_id)
+        num_samples = check_num_samples(num_samples)
         with self._lock:
             self._registered[dataset_id] = (num_samples, name)
 
@@ -347,8 +345,7 @@ class RamTier:
                 self._used = 0
                 self._stats.add(evictions=removed)
                 return removed
-            _check_dataset_id(dataset_id)
-            return self._evict_dataset(dataset_id)
+            return self._evict_dataset(check_dataset_id(dataset_id))
 
     def stats(self) -> TierStats:
         """Counters of this process plus current entries and bytes."""
@@ -374,18 +371,3 @@ class RamTier:
 
 def _cost(nbytes: int) -> int:
     return nbytes + ENTRY_OVERHEAD_BYTES
-
-
-def _check_dataset_id(dataset_id: bytes) -> None:
-    if type(dataset_id) is not bytes or len(dataset_id) != DATASET_ID_BYTES:
-        raise ConfigError(f"dataset_id must be {DATASET_ID_BYTES} bytes, got {dataset_id!r}")
-
-
-def _reset_after_fork() -> None:
-    # NOTE[ram-fork]
-    for tier in list(_LIVE):
-        tier._reset()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)

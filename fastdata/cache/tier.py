@@ -24,8 +24,11 @@ as they enter, so its leases are never unverified.
 from __future__ import annotations
 
 import bisect
+import operator
+import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -45,8 +48,12 @@ __all__ = [
     "Lease",
     "Tier",
     "TierStats",
+    "check_dataset_id",
+    "check_items",
     "check_keys",
+    "check_num_samples",
     "make_key",
+    "reset_in_forked_child",
 ]
 
 KEY_BYTES = 16
@@ -93,6 +100,74 @@ def check_keys(keys: Sequence[bytes], fingerprints: Sequence[bytes]) -> None:
             continue
         bad = next(x for x in items if type(x) is not bytes or len(x) != size)
         raise ConfigError(f"cache {what} must be {size} bytes, got {bad!r}")
+
+
+def check_items(items: Sequence[CacheItem], tier: str) -> list[CacheItem]:
+    """Validate a ``put_many`` request; one item per key, the last one offered winning.
+
+    Args:
+        items: What the caller offered.
+        tier: The tier's class name, for the message.
+
+    Raises:
+        ConfigError: ``items`` is not a sequence of :class:`CacheItem`.
+    """
+    if isinstance(items, str | bytes) or not all(isinstance(it, CacheItem) for it in items):
+        raise ConfigError(f"{tier}.put_many takes a sequence of CacheItem, got {items!r:.80}")
+    return list({it.key: it for it in items}.values())
+
+
+def check_dataset_id(dataset_id: object) -> bytes:
+    """The dataset id, checked: 8 bytes (the prefix of every key of the dataset).
+
+    Raises:
+        ConfigError: It is not ``bytes`` of length 8.
+    """
+    if type(dataset_id) is not bytes or len(dataset_id) != DATASET_ID_BYTES:
+        raise ConfigError(f"dataset_id must be {DATASET_ID_BYTES} bytes, got {dataset_id!r}")
+    return dataset_id
+
+
+def check_num_samples(num_samples: object) -> int:
+    """A registered sample count, checked: a non-negative int.
+
+    Raises:
+        ConfigError: It is not an int, or it is negative.
+    """
+    try:
+        count = operator.index(num_samples)  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise ConfigError(f"num_samples must be an int, got {num_samples!r}") from exc
+    if count < 0:
+        raise ConfigError(f"num_samples must not be negative, got {count}")
+    return count
+
+
+class _Resettable(Protocol):
+    def _reset(self) -> None: ...
+
+
+_RESET_IN_CHILD: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def reset_in_forked_child(obj: _Resettable) -> None:
+    """Call ``obj._reset()`` in every child forked from this process while ``obj`` lives.
+
+    A lock held by another thread at ``fork()`` stays locked in the child forever, and
+    state that thread was changing is half changed, so every cache object starts a
+    forked child with new locks and empty per-process state; each says what it keeps
+    in its own note (NOTE[ram-fork], NOTE[lmdb-fork], NOTE[singleflight]).
+    """
+    _RESET_IN_CHILD.add(obj)
+
+
+def _reset_all_in_child() -> None:
+    for obj in list(_RESET_IN_CHILD):
+        obj._reset()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_all_in_child)
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,9 +427,14 @@ class Tier(Protocol):
 
 
 class StatsRecorder:
-    """Thread-safe event counters and latency histograms behind a tier's ``stats()``."""
+    """Thread-safe event counters and call latency histograms behind a ``stats()``.
 
-    _COUNTERS = (
+    Args:
+        counters: The counter names (a tier's by default).
+        calls: The kinds of call whose latencies are kept (``get`` and ``put`` for a tier).
+    """
+
+    TIER_COUNTERS = (
         "hits",
         "misses",
         "stale",
@@ -366,11 +446,13 @@ class StatsRecorder:
         "bytes_written",
     )
 
-    def __init__(self) -> None:
+    def __init__(
+        self, counters: Sequence[str] = TIER_COUNTERS, calls: Sequence[str] = ("get", "put")
+    ) -> None:
         self._lock = threading.Lock()
-        self._counts = dict.fromkeys(self._COUNTERS, 0)
-        self._hist = {kind: [0] * (len(_BUCKET_BOUNDS_US) + 1) for kind in ("get", "put")}
-        self._total_s = {"get": 0.0, "put": 0.0}
+        self._counts = dict.fromkeys(counters, 0)
+        self._hist = {kind: [0] * (len(_BUCKET_BOUNDS_US) + 1) for kind in calls}
+        self._total_s = dict.fromkeys(calls, 0.0)
 
     def add(self, **deltas: int) -> None:
         """Add to counters by name (``hits=3, bytes_read=4096``)."""
@@ -388,10 +470,17 @@ class StatsRecorder:
             self._hist[kind][bucket] += 1
             self._total_s[kind] += elapsed
 
-    def snapshot(self, **contents: Any) -> TierStats:
-        """The counters plus ``contents`` (entries, bytes_used, ...) as :class:`TierStats`."""
+    def read(self) -> tuple[dict[str, int], dict[str, LatencyHistogram]]:
+        """The counters and one histogram per kind of call, read together."""
         with self._lock:
             counts = dict(self._counts)
-            get = LatencyHistogram(tuple(self._hist["get"]), self._total_s["get"])
-            put = LatencyHistogram(tuple(self._hist["put"]), self._total_s["put"])
-        return TierStats(**counts, get_latency=get, put_latency=put, **contents)
+            hists = {
+                kind: LatencyHistogram(tuple(buckets), self._total_s[kind])
+                for kind, buckets in self._hist.items()
+            }
+        return counts, hists
+
+    def snapshot(self, **contents: Any) -> TierStats:
+        """A tier's counters plus ``contents`` (entries, bytes_used, ...) as :class:`TierStats`."""
+        counts, hists = self.read()
+        return TierStats(**counts, get_latency=hists["get"], put_latency=hists["put"], **contents)

@@ -272,8 +272,16 @@ class TierContract:
             CacheItem(make_key(DATASET, 1), fingerprint(1), 12)  # type: ignore[arg-type]
 
     def test_put_many_rejects_non_items(self, tier: Tier) -> None:
-        with pytest.raises(ConfigError):
+        with pytest.raises(ConfigError, match="put_many takes a sequence of CacheItem"):
             tier.put_many([(make_key(DATASET, 1), fingerprint(1), b"r")])  # type: ignore[list-item]
+        with pytest.raises(ConfigError, match="put_many takes a sequence of CacheItem"):
+            tier.put_many(b"")  # type: ignore[arg-type]
+
+    def test_put_many_keeps_the_last_item_of_a_repeated_key(self, tier: Tier) -> None:
+        old, new = item(1), item(1, version=1)
+        assert tier.put_many([old, new]) == 1
+        assert read_all(tier, [new.key], [new.fingerprint]) == [bytes(new.record)]
+        assert read_all(tier, [old.key], [old.fingerprint]) == [None]
 
     def test_budget_is_never_exceeded_and_rejections_are_counted(
         self, make_tier: Callable[..., Tier]
@@ -349,10 +357,14 @@ class TierContract:
         assert infos[OTHER].entries == 3
 
     def test_register_dataset_validates(self, tier: Tier) -> None:
-        with pytest.raises(ConfigError):
+        with pytest.raises(ConfigError, match="dataset_id must be 8 bytes"):
             tier.register_dataset(b"short", num_samples=1)
-        with pytest.raises(ConfigError):
+        with pytest.raises(ConfigError, match="must not be negative"):
             tier.register_dataset(DATASET, num_samples=-1)
+        with pytest.raises(ConfigError, match="num_samples must be an int"):
+            tier.register_dataset(DATASET, num_samples="5")  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match="dataset_id must be 8 bytes"):
+            tier.clear("dataset1")  # type: ignore[arg-type]
 
     def test_clear_one_dataset_keeps_the_others(self, tier: Tier) -> None:
         tier.put_many([item(i) for i in range(10)] + [item(i, dataset=OTHER) for i in range(3)])

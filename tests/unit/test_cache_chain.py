@@ -44,6 +44,43 @@ def test_fake_source_is_a_sample_source() -> None:
     assert isinstance(FakeSource(3), SampleSource)
 
 
+def test_forked_child_starts_with_fresh_locks_flights_and_counters(config: CacheConfig) -> None:
+    import os
+    import signal
+
+    cache = ReadThroughCache([RamTier(config)], FakeSource(10), config=config)
+    records(cache, [0, 1])
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_lock() -> None:
+        with cache._lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold_the_lock)
+    holder.start()
+    assert held.wait(10)
+    pid = os.fork()
+    if pid == 0:  # the parent's lock is held by a thread that does not exist here
+        signal.alarm(20)
+        ok = False
+        try:
+            got = records(cache, [2])
+            stats = cache.stats()
+            ok = got == [cache.source.expected(2)] and (stats.requests, stats.source_reads) == (
+                1,
+                1,
+            )
+        finally:
+            os._exit(0 if ok else 1)
+    release.set()
+    holder.join(10)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert cache.stats().requests == 1
+    cache.close()
+
+
 def test_every_id_comes_back_in_order_with_duplicates(config: CacheConfig) -> None:
     source = FakeSource(100)
     with ReadThroughCache(default_tiers(config), source, config=config) as cache:
