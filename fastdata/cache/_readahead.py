@@ -31,8 +31,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import Any, Literal
 
-import lmdb
-
 from fastdata.cache._lmdb_pages import PageWalker
 
 __all__ = ["Readahead", "is_resident", "iter_value_spans", "value_spans"]
@@ -233,9 +231,10 @@ class Readahead:
                 try:
                     with shared():
                         self.advise(handle, keys, hinted=True)
-                except (lmdb.Error, OSError) as exc:
-                    # Advice only: the reads still happen, page by page.
-                    _log.debug("hint advice for %d keys skipped: %s", len(keys), exc)
+                except Exception as exc:
+                    # Advice only (a failed pread or advice, a page that does not parse):
+                    # the reads still happen, page by page.
+                    _log.debug("hint advice for %d keys skipped: %r", len(keys), exc)
         finally:
             if not finished:  # an unexpected error: let the next hint start a drain
                 with self._lock:

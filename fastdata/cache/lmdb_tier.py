@@ -16,7 +16,8 @@ starts 64 bytes into it: payloads keep their 64-byte alignment inside the map.
 
 Reads hand out memoryviews into the map; the lease keeps the read transaction (and the
 gate, NOTE[lmdb-gate] in ``_env.py``) until ``close()``. Faults never reach the caller:
-the tier counts them, warns once, and falls through to the next tier.
+the tier counts them, warns once, and falls through to the next tier; a read that fails
+in any way ends its transaction and its hold on the gate before it falls through.
 """
 
 from __future__ import annotations
@@ -263,28 +264,43 @@ class LmdbTier:
         *,
         defer_verify: bool,
     ) -> Lease | None:
-        verify = self.config.verify == "always" and not defer_verify
+        """The lease of one read, or ``None`` to fall through.
+
+        Whatever fails, the transaction is aborted and the gate released before the
+        error is handled (or, for ``KeyboardInterrupt`` and the like, raised): a read
+        never leaves a hold that would stall ``close()`` and map resizes.
+        """
         for attempt in (0, 1):
             token = handle.gate.acquire_shared()
+            txn = None
             try:
                 txn = handle.env.begin(db=handle.records, buffers=True)
-            except (lmdb.MapResizedError, lmdb.ReadersFullError) as exc:
-                handle.gate.release_shared(token)
-                if attempt or not self._recover_begin(handle, exc):
+                return self._lease(handle, txn, token, keys, fingerprints, started, defer_verify)
+            except Exception as exc:
+                _end_read(handle, txn, token)
+                if txn is None and isinstance(exc, lmdb.MapResizedError | lmdb.ReadersFullError):
+                    if not attempt and self._recover_begin(handle, exc):
+                        continue
                     return None
-                continue
-            except lmdb.Error as exc:
-                handle.gate.release_shared(token)
-                self._degrade("read", f"{type(exc).__name__}: {exc}")
+                self._read_fault(handle, exc, began=txn is not None)
                 return None
-            try:
-                buffers, stale, bad = self._lookup(handle, txn, keys, fingerprints, verify)
-            except lmdb.Error as exc:
-                txn.abort()
-                handle.gate.release_shared(token)
-                self._structural_fault(handle, exc)
-                return None
-            break
+            except BaseException:
+                _end_read(handle, txn, token)
+                raise
+        return None
+
+    def _lease(
+        self,
+        handle: _env.EnvHandle,
+        txn: Any,
+        token: list[int],
+        keys: Sequence[bytes],
+        fingerprints: Sequence[bytes],
+        started: float,
+        defer_verify: bool,
+    ) -> Lease:
+        verify = self.config.verify == "always" and not defer_verify
+        buffers, stale, bad = self._lookup(handle, txn, keys, fingerprints, verify)
         if bad:
             self._warn_corrupt(keys[bad[0]])
             self._drop_corrupt(handle, [keys[i] for i in bad])
@@ -301,10 +317,30 @@ class LmdbTier:
         unverified = bool(hits) and defer_verify and self.config.verify == "always"
         return Lease(buffers, _releaser(handle, txn, token), unverified=unverified)
 
+    def _read_fault(self, handle: _env.EnvHandle, exc: Exception, *, began: bool) -> None:
+        if not isinstance(exc, lmdb.Error):
+            # Not LMDB's: a bug or a failing helper; this read falls through, the next
+            # one tries again.
+            self._warn_once(
+                "read-error",
+                "LMDB cache %s read failed (%s: %s); fell through to the next tier",
+                self.root,
+                type(exc).__name__,
+                exc,
+            )
+        elif began:
+            self._structural_fault(handle, exc)
+        else:
+            self._degrade("read", f"{type(exc).__name__}: {exc}")
+
     def _recover_begin(self, handle: _env.EnvHandle, exc: BaseException) -> bool:
-        if isinstance(exc, lmdb.MapResizedError):
-            return handle.adopt_map()
-        return handle.env.reader_check() > 0
+        try:
+            if isinstance(exc, lmdb.MapResizedError):
+                return handle.adopt_map()
+            return handle.env.reader_check() > 0
+        except lmdb.Error as again:
+            self._degrade("read", f"{type(again).__name__}: {again}")
+            return False
 
     def _lookup(
         self,
@@ -315,9 +351,9 @@ class LmdbTier:
         verify: bool,
     ) -> tuple[list[Any], int, list[int]]:
         # NOTE[lmdb-readahead]: when cold, ask for every value's pages before the gets.
-        faults = self._readahead.before_gets(handle, txn, keys)
+        faults = self._advice(self._readahead.before_gets, handle, txn, keys)
         views = list(map(txn.get, keys))
-        self._readahead.after_gets(faults)
+        self._advice(self._readahead.after_gets, faults)
         buffers: list[Any] = [None] * len(keys)
         stale = 0
         bad: list[int] = []
@@ -339,15 +375,32 @@ class LmdbTier:
             buffers[i] = None
         return buffers, stale, bad
 
+    def _advice(self, step: Callable[..., Any], *args: Any) -> Any:
+        """Run a readahead step; its failure means "no advice" (NOTE[lmdb-readahead])."""
+        try:
+            return step(*args)
+        except Exception as exc:
+            # A failed pread, fadvise or mincore, or a page that does not parse: the gets
+            # still read every page, only without the batch's advice.
+            _log.debug("LMDB readahead in %s skipped: %r", self.root, exc)
+            return None
+
     def _verify(self, buffers: list[Any]) -> list[int]:
         """Indices of found records whose checksum fails; big batches on the pool threads."""
         found = [i for i, b in enumerate(buffers) if b is not None]
         records = [buffers[i] for i in found]
-        if sum(map(len, records)) < _PARALLEL_VERIFY_BYTES or len(records) < 8:
+        pool = None
+        if sum(map(len, records)) >= _PARALLEL_VERIFY_BYTES and len(records) >= 8:
+            pool = self._readahead.executor()
+        if pool is not None:
+            step = self._readahead.threads
+            parts = [records[k::step] for k in range(step)]
+            try:
+                results = pool.map(record.verify_many, parts)  # submits every part now
+            except RuntimeError:  # the pool was shut down since executor() gave it
+                pool = None
+        if pool is None:
             return [found[j] for j in record.verify_many(records)]
-        step = self._readahead.threads
-        parts = [records[k::step] for k in range(step)]
-        results = self._readahead.executor().map(record.verify_many, parts)
         return sorted(found[k + j * step] for k, bad in enumerate(results) for j in bad)
 
     def drop_corrupt(self, keys: Sequence[bytes]) -> int:
@@ -432,6 +485,9 @@ class LmdbTier:
                     break
             except lmdb.Error as exc:
                 self._structural_fault(handle, exc)
+                break
+            except OSError as exc:  # the pread of a header
+                self._warn_once("contains", "LMDB cache %s headers unreadable: %s", self.root, exc)
                 break
         return [False] * len(keys)
 
@@ -912,12 +968,20 @@ def _releaser(handle: _env.EnvHandle, txn: Any, token: list[int]) -> Callable[[]
         # NOTE[lmdb-fork]: a lease inherited by a child must not touch the parent's txn.
         if os.getpid() != handle.pid:
             return
-        try:
-            txn.abort()
-        finally:
-            handle.gate.release_shared(token)
+        _end_read(handle, txn, token)
 
     return release
+
+
+def _end_read(handle: _env.EnvHandle, txn: Any, token: list[int]) -> None:
+    """Abort a read transaction (if it began) and end its hold on the gate, whatever fails."""
+    try:
+        if txn is not None:
+            txn.abort()
+    except lmdb.Error as exc:  # the environment went away under it: nothing left to end
+        _log.debug("aborting an LMDB read of %s: %s", handle.root, exc)
+    finally:
+        handle.gate.release_shared(token)
 
 
 def _node_counts(value: Any) -> tuple[int, ...]:
