@@ -313,6 +313,7 @@ class _Source:
 
     def __init__(self, num_samples: int, size: int) -> None:
         self.dataset_id = DATASET
+        self.url = "memory://cache_bench"
         self.num_samples = num_samples
         self.size = size
         self.read = 0

@@ -337,6 +337,11 @@ class IndexSource:
         """8-byte dataset id."""
         return self.index.dataset_id
 
+    @property
+    def url(self) -> str:
+        """The dataset's normalized URL (the name the cache registers it under)."""
+        return self.index.url
+
     def __len__(self) -> int:
         return len(self.index)
 

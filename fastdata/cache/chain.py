@@ -28,7 +28,6 @@ from the source again (correct, only slower).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -76,6 +75,9 @@ class SampleSource(Protocol):
 
     dataset_id: bytes
     """8 bytes, the prefix of every key of this dataset."""
+    url: str
+    """Where the dataset lives (the index's normalized URL); the tiers register the
+    dataset under it, so ``fastdata stats`` and ``fastdata clear --dataset URL`` find it."""
 
     def __len__(self) -> int:
         """Number of samples."""
@@ -181,7 +183,7 @@ class ReadThroughCache:
                 raise ConfigError(f"{tier!r} is not a cache tier (see fastdata.cache.Tier)")
         if not isinstance(source, SampleSource):
             raise ConfigError(
-                f"{source!r} is not a SampleSource: it needs dataset_id, __len__, keys, "
+                f"{source!r} is not a SampleSource: it needs dataset_id, url, __len__, keys, "
                 "fingerprints and read_samples"
             )
         dataset_id = source.dataset_id
@@ -200,7 +202,8 @@ class ReadThroughCache:
         self._lock = threading.Lock()
         self._inflight: dict[bytes, _Flight] = {}
         self._stats = StatsRecorder(_COUNTERS, calls=("source",))
-        self._registered_pid = 0
+        # Tiers that have not recorded the dataset yet; a forked child registers again.
+        self._unregistered = list(self.tiers)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"tiers": self._given_tiers, "source": self.source, "config": self.config}
@@ -337,12 +340,21 @@ class ReadThroughCache:
         return ids
 
     def _register(self) -> None:
-        pid = os.getpid()
-        if self._registered_pid == pid:
+        """Register the dataset (id, size, URL) with every tier that has not recorded it.
+
+        A tier that cannot record it now (LMDB degraded or unavailable) says ``False`` and
+        is asked again on the next call, until it has.
+        """
+        pending = self._unregistered
+        if not pending:
             return
-        self._registered_pid = pid
-        for tier in self.tiers:
-            tier.register_dataset(self.source.dataset_id, num_samples=len(self.source))
+        source = self.source
+        self._unregistered = [
+            tier
+            for tier in pending
+            if tier.register_dataset(source.dataset_id, num_samples=len(source), name=source.url)
+            is False
+        ]
 
     def _read_tiers(
         self,

@@ -856,13 +856,22 @@ class LmdbTier:
 
     # -- datasets, stats, lifecycle -------------------------------------------------------
 
-    def register_dataset(self, dataset_id: bytes, *, num_samples: int, name: str = "") -> None:
-        """Store a dataset's sample count and label in the cache's metadata."""
+    def register_dataset(self, dataset_id: bytes, *, num_samples: int, name: str = "") -> bool:
+        """Store a dataset's sample count and label in the cache's metadata.
+
+        Returns:
+            ``True`` once stored; ``False`` when the cache cannot be written now
+            (unavailable or degraded): register again later.
+
+        Raises:
+            ConfigError: The dataset id is not 8 bytes, or ``num_samples`` is not a
+                non-negative int.
+        """
         check_dataset_id(dataset_id)
         num_samples = check_num_samples(num_samples)
         handle = self._get_handle()
         if handle is None:
-            return
+            return False
         key = _DS_PREFIX + dataset_id
         try:
             with handle.shared(), handle.env.begin(write=True) as txn:
@@ -874,6 +883,8 @@ class LmdbTier:
                     txn.put(_NAME_PREFIX + dataset_id, name.encode("utf-8"), db=handle.meta)
         except lmdb.Error as exc:
             self._pause_writes(f"{type(exc).__name__}: {exc}")
+            return False
+        return True
 
     def datasets(self) -> list[DatasetInfo]:
         """Every dataset the cache knows (node-wide), with entries and bytes cached."""

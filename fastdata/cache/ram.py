@@ -309,12 +309,21 @@ class RamTier:
                 for key in list(itertools.islice(window, excess)):
                     del window[key]
 
-    def register_dataset(self, dataset_id: bytes, *, num_samples: int, name: str = "") -> None:
-        """Remember a dataset's sample count and label for :meth:`datasets`."""
+    def register_dataset(self, dataset_id: bytes, *, num_samples: int, name: str = "") -> bool:
+        """Remember a dataset's sample count and label for :meth:`datasets`.
+
+        Returns:
+            ``True`` (a RAM tier always records it).
+
+        Raises:
+            ConfigError: The dataset id is not 8 bytes, or ``num_samples`` is not a
+                non-negative int.
+        """
         check_dataset_id(dataset_id)
         num_samples = check_num_samples(num_samples)
         with self._lock:
             self._registered[dataset_id] = (num_samples, name)
+        return True
 
     def datasets(self) -> list[DatasetInfo]:
         """Per-dataset entries and bytes held in this process's RAM tier."""

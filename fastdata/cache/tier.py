@@ -405,8 +405,9 @@ class Tier(Protocol):
         """Keys expected to be read soon, in order (readahead, eviction protection)."""
         ...
 
-    def register_dataset(self, dataset_id: bytes, *, num_samples: int, name: str = "") -> None:
-        """Record a dataset's sample count (and a label) for :meth:`datasets`."""
+    def register_dataset(self, dataset_id: bytes, *, num_samples: int, name: str = "") -> bool:
+        """Record a dataset's sample count (and a label) for :meth:`datasets`; ``False``
+        when the tier cannot record it now (unavailable, degraded): call again."""
         ...
 
     def datasets(self) -> list[DatasetInfo]:

@@ -70,6 +70,7 @@ class FakeSource:
 
     def __init__(self, num_samples: int, *, dataset_id: bytes = DATASET, size: int = 200) -> None:
         self.dataset_id = dataset_id
+        self.url = f"memory://fake/{dataset_id.hex()}"
         self.num_samples = num_samples
         self.size = size
         self.versions = [0] * num_samples

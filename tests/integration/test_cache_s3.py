@@ -32,6 +32,7 @@ class ObjectSource:
         self.store = store
         self.paths = list(paths)
         self.dataset_id = hashlib.blake2b(store.url.encode(), digest_size=8).digest()
+        self.url = store.url
         self.reads = 0
 
     def __len__(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -404,12 +405,61 @@ def test_hint_is_forwarded_to_every_tier_as_keys(config: CacheConfig) -> None:
     assert seen == [[make_key(DATASET, 3), make_key(DATASET, 1)]]
 
 
-def test_dataset_is_registered_with_its_sample_count(config: CacheConfig) -> None:
+def test_dataset_is_registered_with_its_sample_count_and_url(config: CacheConfig) -> None:
     lmdb_tier = LmdbTier(config)
-    with ReadThroughCache([lmdb_tier], FakeSource(123), config=config) as cache:
+    source = FakeSource(123)
+    with ReadThroughCache([lmdb_tier], source, config=config) as cache:
         records(cache, [1, 2, 3])
         (info,) = lmdb_tier.datasets()
     assert (info.dataset_id, info.num_samples, info.entries) == (DATASET, 123, 3)
+    assert info.name == source.url
+
+
+def test_registration_is_retried_until_the_tier_records_it(config: CacheConfig) -> None:
+    class Flaky(RamTier):
+        """A tier that cannot record the dataset twice (as a degraded LMDB tier)."""
+
+        def __init__(self, config: CacheConfig) -> None:
+            super().__init__(config)
+            self.attempts = 0
+
+        def register_dataset(self, dataset_id, *, num_samples, name=""):  # type: ignore[no-untyped-def]
+            self.attempts += 1
+            if self.attempts <= 2:
+                return False
+            return super().register_dataset(dataset_id, num_samples=num_samples, name=name)
+
+    flaky = Flaky(config)
+    with ReadThroughCache([flaky], FakeSource(10), config=config) as cache:
+        for _ in range(2):
+            records(cache, [1])
+            assert flaky.datasets()[0].num_samples == 0  # not recorded yet
+        records(cache, [1])
+        assert flaky.datasets()[0].num_samples == 10
+        records(cache, [2])
+        assert flaky.attempts == 3  # recorded once, never asked again
+
+
+def test_a_degraded_lmdb_tier_registers_the_dataset_once_it_opens(tmp_path: Path) -> None:
+    blocker = tmp_path / "blocked"
+    blocker.write_bytes(b"a file where the cache directory's parent should be")
+    config = CacheConfig(
+        dir=str(blocker / "cache"),
+        max_bytes=64 * 1024**2,
+        ram_bytes=0,
+        min_free_bytes=0,
+        degraded_retry_s=0.05,
+    )
+    lmdb_tier = LmdbTier(config)
+    source = FakeSource(10)
+    with ReadThroughCache([lmdb_tier], source, config=config) as cache:
+        records(cache, [1])
+        assert lmdb_tier.stats().state.startswith("degraded")
+        blocker.unlink()  # the directory can be created now
+        time.sleep(0.1)
+        records(cache, [2])
+        (info,) = lmdb_tier.datasets()
+    assert (info.num_samples, info.name) == (10, source.url)
 
 
 def test_lease_holds_the_lmdb_read_transaction_until_closed(config: CacheConfig) -> None:

@@ -294,6 +294,24 @@ def test_index_and_source_pickle_as_configuration(tar_shards: Path, tmp_path: Pa
     assert copy.keys([3]) == source.keys([3])
     assert copy.fingerprints([3]) == source.fingerprints([3])
     assert copy.read_samples([3, 14]) == source.read_samples([3, 14])
+    assert copy.url == source.url == index.url
+
+
+def test_reading_through_the_cache_registers_the_dataset_under_its_url(
+    tar_shards: Path, tmp_path: Path
+) -> None:
+    from fastdata.cache import LmdbTier, ReadThroughCache, SampleSource
+    from fastdata.config import CacheConfig
+
+    index = open_index(str(tar_shards), cache_dir=cache(tmp_path))
+    source = index.source()
+    assert isinstance(source, SampleSource)
+    config = CacheConfig(dir=cache(tmp_path), max_bytes=64 * 1024**2, min_free_bytes=0)
+    tier = LmdbTier(config)
+    with ReadThroughCache([tier], source, config=config) as chain:
+        chain.get_many([0, 1]).close()
+        (info,) = tier.datasets()
+    assert (info.dataset_id, info.name, info.num_samples) == (index.dataset_id, index.url, 15)
 
 
 def _open_in_child(url: str, cache_dir: str, queue: Any) -> None:
