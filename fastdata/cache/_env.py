@@ -26,6 +26,14 @@ aborts its transactions) and its LmdbTier falls through to the store with one wa
 Release callbacks check the PID, so a lease inherited by a child never touches the
 parent's transaction.
 
+NOTE[lmdb-close]: the last :func:`release` of a handle closes the environment once no
+transaction is open, waiting ``_RESIZE_WAIT_S`` for leases to close. If one is still open
+then, the handle is marked ``close_pending`` and kept in ``_CLOSING``: the shared hold
+that ends last (:meth:`EnvHandle.unshare`, which every lease and transaction ends with)
+closes the environment and its data descriptor. A new :func:`acquire` of the same
+directory meanwhile takes the pending handle back instead of opening the files a second
+time (py-lmdb refuses that while the first environment is open).
+
 NOTE[lmdb-crash]: nothing here leaves state that can block the next run. The only lock
 we take ourselves is ``flock`` on ``<dir>/lmdb.lock`` while opening, which the kernel
 drops when the process dies. LMDB's writer mutex is a robust POSIX mutex (a killed
@@ -183,6 +191,8 @@ class EnvHandle:
     map_base: int = 0
     refs: int = 0
     closed: bool = False
+    close_pending: bool = False
+    """The last holder released it while a lease was open (NOTE[lmdb-close])."""
     abandoned: bool = False
     quiesced: bool = False
     resize_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -204,7 +214,14 @@ class EnvHandle:
         try:
             yield
         finally:
-            self.gate.release_shared(token)
+            self.unshare(token)
+
+    def unshare(self, token: list[int]) -> None:
+        """End a shared hold of the gate; the last one closes a pending handle
+        (NOTE[lmdb-close])."""
+        self.gate.release_shared(token)
+        if self.close_pending:
+            _close_if_pending(self)
 
     def grow_map(self, wanted_bytes: int, *, wait: bool = True) -> bool:
         """Grow the map to at least ``wanted_bytes`` (capped at the budget), on a helper thread.
@@ -270,6 +287,8 @@ class EnvHandle:
 
 _REGISTRY_LOCK = threading.Lock()
 _HANDLES: dict[Path, EnvHandle] = {}
+#: Handles released while a lease was open, closed by their last lease (NOTE[lmdb-close]).
+_CLOSING: dict[Path, EnvHandle] = {}
 #: Environments inherited over fork that could not be closed safely (NOTE[lmdb-fork]).
 _ABANDONED: list[EnvHandle] = []
 
@@ -297,6 +316,8 @@ def acquire(root: Path, *, budget_map_bytes: int, max_readers: int, readahead: b
                 handle.close(timeout_s=0.0)
             handle = None
         if handle is None:
+            handle = _revive(root)
+        if handle is None:
             for stale in _ABANDONED:
                 if stale.root == root:
                     raise EnvUnavailable(
@@ -313,19 +334,53 @@ def acquire(root: Path, *, budget_map_bytes: int, max_readers: int, readahead: b
         return handle
 
 
+def _revive(root: Path) -> EnvHandle | None:
+    """Take back a handle whose close waits for its leases (call under the registry lock)."""
+    pending = _CLOSING.pop(root, None)
+    if pending is None or not pending.close_pending or not pending.is_current():
+        return None
+    pending.close_pending = False
+    _HANDLES[root] = pending
+    return pending
+
+
 def release(handle: EnvHandle) -> None:
-    """Give a handle back; the last holder closes it once its transactions are done."""
+    """Give a handle back; the last holder closes it once its transactions are done.
+
+    NOTE[lmdb-close]: when a lease is still open after ``_RESIZE_WAIT_S``, the last lease
+    to close closes the environment.
+    """
     with _REGISTRY_LOCK:
         handle.refs -= 1
         if handle.refs > 0:
             return
         if _HANDLES.get(handle.root) is handle:
             del _HANDLES[handle.root]
-    if not handle.close(timeout_s=_RESIZE_WAIT_S):
-        _log.warning(
-            "LMDB cache %s still has open leases; it is closed when the last one closes",
-            handle.root,
-        )
+    if handle.close(timeout_s=_RESIZE_WAIT_S):
+        return
+    with _REGISTRY_LOCK:
+        if handle.closed or handle.abandoned or handle.pid != os.getpid():
+            return
+        handle.close_pending = True
+        _CLOSING[handle.root] = handle
+    _log.warning(
+        "LMDB cache %s still has open leases; it is closed when the last one closes",
+        handle.root,
+    )
+    _close_if_pending(handle)  # the last lease may have closed while we waited
+
+
+def _close_if_pending(handle: EnvHandle) -> None:
+    # NOTE[lmdb-close]: under the registry lock, so acquire() cannot take it back meanwhile.
+    with _REGISTRY_LOCK:
+        if not handle.close_pending or handle.pid != os.getpid():
+            return
+        if not handle.close(timeout_s=0.0):
+            return  # another hold is still open; the last one comes back here
+        handle.close_pending = False
+        if _CLOSING.get(handle.root) is handle:
+            del _CLOSING[handle.root]
+    _log.info("closed the LMDB cache in %s after its last lease", handle.root)
 
 
 def prepare_root(root: Path) -> None:
@@ -529,15 +584,19 @@ def _map_base(data_path: Path, inode: tuple[int, int]) -> int:
     return 0
 
 
+def _open_handles() -> list[EnvHandle]:
+    return [*_HANDLES.values(), *_CLOSING.values()]
+
+
 def _before_fork() -> None:
     # NOTE[lmdb-fork]
     _REGISTRY_LOCK.acquire()
-    for handle in _HANDLES.values():
+    for handle in _open_handles():
         handle.quiesced = handle.is_current() and handle.gate.acquire_exclusive(_FORK_WAIT_S)
 
 
 def _after_fork_parent() -> None:
-    for handle in _HANDLES.values():
+    for handle in _open_handles():
         if handle.quiesced:
             handle.quiesced = False
             handle.gate.release_exclusive()
@@ -547,7 +606,8 @@ def _after_fork_parent() -> None:
 def _after_fork_child() -> None:
     global _REGISTRY_LOCK
     _REGISTRY_LOCK = threading.Lock()
-    for handle in list(_HANDLES.values()):
+    for handle in _open_handles():
+        handle.close_pending = False
         if handle.quiesced:
             handle.env.close()
             os.close(handle.data_fd)
@@ -556,6 +616,7 @@ def _after_fork_child() -> None:
             handle.abandoned = True
             _ABANDONED.append(handle)
     _HANDLES.clear()
+    _CLOSING.clear()
 
 
 if hasattr(os, "register_at_fork"):

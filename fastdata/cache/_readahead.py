@@ -105,7 +105,8 @@ class Readahead:
 
     The span lookups and ``WILLNEED`` calls of a batch run on ``threads`` pool threads:
     a cold leaf page costs one disk round trip, and the threads wait for them together.
-    The pool is created on first use in each process and shut down by :meth:`close`.
+    The pool is created on first use in each process and shut down by :meth:`close`;
+    after that no pool is made again: advice is skipped and :meth:`executor` is ``None``.
 
     Args:
         mode: ``CacheConfig.page_readahead``.
@@ -124,6 +125,7 @@ class Readahead:
         self._hinted: dict[bytes, None] = {}
         self._pending: list[bytes] = []
         self._draining = False
+        self._closed = False
 
     def before_gets(self, handle: Any, txn: Any, keys: Sequence[bytes]) -> int | None:
         """Advise the batch's spans when cold; returns a fault count for :meth:`after_gets`.
@@ -181,13 +183,19 @@ class Readahead:
             return 0
         skip_resident = self.mode != "always"
         parts = [keys[k :: self.threads] for k in range(self.threads) if keys[k :: self.threads]]
-        if len(parts) < 2:
+        pool = self.executor() if len(parts) > 1 else None
+        if pool is None:
+            if self._closed:
+                return 0
             advised = _advise_part(handle, keys, skip_resident)
         else:
-            pool = self.executor()
-            advised = sum(
-                pool.map(_advise_part, [handle] * len(parts), parts, [skip_resident] * len(parts))
-            )
+            try:
+                done = pool.map(
+                    _advise_part, [handle] * len(parts), parts, [skip_resident] * len(parts)
+                )
+            except RuntimeError:  # the pool was shut down since executor() gave it
+                return 0
+            advised = sum(done)
         if skip_resident:
             self._calm = 0 if advised else self._calm + 1
             if self._calm >= _CALM_BATCHES:
@@ -210,11 +218,23 @@ class Readahead:
             shared: Opens a hold of the handle's gate (``EnvHandle.shared``) for the drain.
         """
         with self._lock:
+            if self._closed:
+                return
             self._pending.extend(keys)
             if self._draining:
                 return
             self._draining = True
-        self.executor().submit(self._drain, handle, shared)
+        pool = self.executor()
+        try:
+            if pool is not None:
+                pool.submit(self._drain, handle, shared)
+                return
+        except RuntimeError as exc:  # shut down since executor() gave it
+            _log.debug("hint for %d keys dropped: %s", len(keys), exc)
+        # Closed meanwhile: nobody reads these keys through this tier any more.
+        with self._lock:
+            self._pending.clear()
+            self._draining = False
 
     def _drain(self, handle: Any, shared: Callable[[], AbstractContextManager[None]]) -> None:
         finished = False
@@ -240,10 +260,12 @@ class Readahead:
                 with self._lock:
                     self._draining = False
 
-    def executor(self) -> ThreadPoolExecutor:
-        """The pool threads of this process (created on first use); the tier also
-        verifies big batches on them."""
+    def executor(self) -> ThreadPoolExecutor | None:
+        """The pool threads of this process (created on first use), ``None`` once closed;
+        the tier also verifies big batches on them."""
         with self._lock:
+            if self._closed:
+                return None
             if self._pool is None or self._pool_pid != os.getpid():
                 self._pool = ThreadPoolExecutor(
                     self.threads, thread_name_prefix="fastdata-readahead"
@@ -252,8 +274,10 @@ class Readahead:
             return self._pool
 
     def close(self) -> None:
-        """Stop the pool threads (they finish the advice in flight)."""
+        """Stop the pool threads (they finish the advice in flight); no pool is made again."""
         with self._lock:
+            self._closed = True
+            self._pending.clear()
             pool, self._pool = self._pool, None
         if pool is not None and self._pool_pid == os.getpid():
             pool.shutdown(wait=True)

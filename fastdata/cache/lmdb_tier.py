@@ -18,6 +18,10 @@ Reads hand out memoryviews into the map; the lease keeps the read transaction (a
 gate, NOTE[lmdb-gate] in ``_env.py``) until ``close()``. Faults never reach the caller:
 the tier counts them, warns once, and falls through to the next tier; a read that fails
 in any way ends its transaction and its hold on the gate before it falls through.
+
+NOTE[tier-closed]: ``close()`` is final. A closed tier opens nothing again and starts no
+thread: reads are misses (counted as fall-throughs), writes are rejections, and the other
+calls find nothing. A pickled tier unpickles open (it pickles as its config).
 """
 
 from __future__ import annotations
@@ -128,6 +132,7 @@ class LmdbTier:
             _env.prepare_root(self.root)
         self._clock = clock
         self._handle: _env.EnvHandle | None = None
+        self._closed = False  # NOTE[tier-closed]: kept across fork, never reset
         self._reset()
         reset_in_forked_child(self)  # NOTE[lmdb-fork]: locks held by other threads stay held
 
@@ -155,6 +160,8 @@ class LmdbTier:
     # -- handle and degradation ---------------------------------------------------------
 
     def _get_handle(self) -> _env.EnvHandle | None:
+        if self._closed:  # NOTE[tier-closed]
+            return None
         handle = self._handle
         now = time.monotonic()
         if handle is not None and handle.pid == os.getpid() and not handle.closed:
@@ -164,6 +171,8 @@ class LmdbTier:
             if handle.is_current():
                 return handle
         with self._lock:
+            if self._closed:
+                return None
             if self._handle is not handle:
                 return self._handle
             if now < self._retry_at:
@@ -188,6 +197,9 @@ class LmdbTier:
             return handle
 
     def _degrade(self, kind: str, reason: str) -> None:
+        if self._closed:  # a call that raced close(): nothing to retry
+            _log.debug("LMDB cache %s closed during a call: %s", self.root, reason)
+            return
         self._retry_at = time.monotonic() + self.config.degraded_retry_s
         self._state = f"degraded: {reason}"
         self._warn_once(
@@ -391,7 +403,7 @@ class LmdbTier:
         records = [buffers[i] for i in found]
         pool = None
         if sum(map(len, records)) >= _PARALLEL_VERIFY_BYTES and len(records) >= 8:
-            pool = self._readahead.executor()
+            pool = self._readahead.executor()  # None once the tier is closed
         if pool is not None:
             step = self._readahead.threads
             parts = [records[k::step] for k in range(step)]
@@ -861,7 +873,7 @@ class LmdbTier:
 
         Returns:
             ``True`` once stored; ``False`` when the cache cannot be written now
-            (unavailable or degraded): register again later.
+            (unavailable, degraded or closed): register again later.
 
         Raises:
             ConfigError: The dataset id is not 8 bytes, or ``num_samples`` is not a
@@ -946,7 +958,7 @@ class LmdbTier:
             entries=entries,
             bytes_used=used,
             capacity_bytes=self.config.max_bytes,
-            state=self._state,
+            state="closed" if self._closed else self._state,
         )
 
     def disk_bytes(self) -> int:
@@ -959,8 +971,13 @@ class LmdbTier:
         return total
 
     def close(self) -> None:
-        """Give the environment back; it closes once every lease is closed."""
+        """Give the environment back; it closes once every lease is closed.
+
+        The tier stays closed (NOTE[tier-closed]): it never reopens the environment or
+        restarts its readahead threads; reads are misses and writes rejections from now on.
+        """
         with self._lock:
+            self._closed = True
             handle, self._handle = self._handle, None
         self._readahead.close()
         if handle is not None and handle.pid == os.getpid():
@@ -992,7 +1009,7 @@ def _end_read(handle: _env.EnvHandle, txn: Any, token: list[int]) -> None:
     except lmdb.Error as exc:  # the environment went away under it: nothing left to end
         _log.debug("aborting an LMDB read of %s: %s", handle.root, exc)
     finally:
-        handle.gate.release_shared(token)
+        handle.unshare(token)  # NOTE[lmdb-close]: the last hold closes a released handle
 
 
 def _node_counts(value: Any) -> tuple[int, ...]:

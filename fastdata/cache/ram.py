@@ -12,6 +12,9 @@ With ``verify="always"`` a record's checksum is checked when it enters the tier,
 every read: an entry is an immutable ``bytes`` object private to this process (no other
 process, no disk and no writer can change it), so a read hands it out as admitted.
 
+A closed tier stays closed (NOTE[tier-closed] in ``lmdb_tier.py``): reads are misses
+(counted as fall-throughs), writes are rejections, and it holds nothing.
+
 NOTE[ram-fork]: a lock held by another thread at ``fork()`` stays locked in the child
 forever, and a half-finished update would leave the accounting wrong. Every RamTier is
 therefore emptied in a forked child (new lock, new counters); the child refills it.
@@ -80,6 +83,7 @@ class RamTier:
             raise ConfigError(f"RamTier config must be a CacheConfig, got {config!r}")
         self.config = config or CacheConfig()
         self._clock = clock
+        self._closed = False  # NOTE[tier-closed]: kept across fork, never reset
         self._reset()
         reset_in_forked_child(self)  # NOTE[ram-fork]
 
@@ -119,6 +123,10 @@ class RamTier:
         """
         started = time.perf_counter()
         check_keys(keys, fingerprints)
+        if self._closed:
+            n = len(keys)
+            self._stats.record_call("get", started, misses=n, fall_throughs=n)
+            return Lease([None] * n)
         with self._lock:
             found = list(map(self._entries.get, keys))
             self._touch(set(map(_DATASET_OF, keys)))
@@ -173,7 +181,7 @@ class RamTier:
         started = time.perf_counter()
         offered = check_items(items, "RamTier")
         with self._lock:
-            admitted, written = self._admit(offered)
+            admitted, written = (0, 0) if self._closed else self._admit(offered)
         self._stats.record_call(
             "put", started, rejections=len(offered) - admitted, bytes_written=written
         )
@@ -299,6 +307,8 @@ class RamTier:
         key that is not announced for an offered key that is. A key leaves the window
         when it is read; the window keeps at most the last 131,072 announced keys.
         """
+        if self._closed:
+            return
         with self._lock:
             window = self._window
             for key in upcoming_keys:
@@ -313,7 +323,7 @@ class RamTier:
         """Remember a dataset's sample count and label for :meth:`datasets`.
 
         Returns:
-            ``True`` (a RAM tier always records it).
+            ``True``, or ``False`` once the tier is closed.
 
         Raises:
             ConfigError: The dataset id is not 8 bytes, or ``num_samples`` is not a
@@ -322,6 +332,8 @@ class RamTier:
         check_dataset_id(dataset_id)
         num_samples = check_num_samples(num_samples)
         with self._lock:
+            if self._closed:
+                return False
             self._registered[dataset_id] = (num_samples, name)
         return True
 
@@ -361,14 +373,21 @@ class RamTier:
         with self._lock:
             entries, used = len(self._entries), self._used
         return self._stats.snapshot(
-            name=self.name, entries=entries, bytes_used=used, capacity_bytes=self.capacity_bytes
+            name=self.name,
+            entries=entries,
+            bytes_used=used,
+            capacity_bytes=self.capacity_bytes,
+            state="closed" if self._closed else "ok",
         )
 
     def close(self) -> None:
-        """Drop every entry."""
+        """Drop every entry; the tier stays closed (NOTE[tier-closed] in ``lmdb_tier.py``)."""
         with self._lock:
+            self._closed = True
             self._entries.clear()
             self._usage.clear()
+            self._registered.clear()
+            self._window.clear()
             self._used = 0
 
     def __enter__(self) -> RamTier:

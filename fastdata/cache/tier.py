@@ -407,7 +407,7 @@ class Tier(Protocol):
 
     def register_dataset(self, dataset_id: bytes, *, num_samples: int, name: str = "") -> bool:
         """Record a dataset's sample count (and a label) for :meth:`datasets`; ``False``
-        when the tier cannot record it now (unavailable, degraded): call again."""
+        when the tier cannot record it now (unavailable, degraded, closed): call again."""
         ...
 
     def datasets(self) -> list[DatasetInfo]:
@@ -423,7 +423,8 @@ class Tier(Protocol):
         ...
 
     def close(self) -> None:
-        """Release handles; the tier may not be used afterwards."""
+        """Release handles. Final: a closed tier opens nothing again, its reads are misses
+        and its writes rejections (NOTE[tier-closed] in ``lmdb_tier.py``)."""
         ...
 
 

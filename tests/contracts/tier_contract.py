@@ -375,6 +375,24 @@ class TierContract:
         assert tier.clear() == 3
         assert tier.stats().entries == 0
 
+    def test_a_closed_tier_reads_misses_and_rejects_writes(self, tier: Tier) -> None:
+        tier.put_many([item(1)])
+        tier.register_dataset(DATASET, num_samples=10)
+        tier.close()
+        assert read_all(tier, [make_key(DATASET, 1)], [fingerprint(1)]) == [None]
+        assert tier.put_many([item(2)]) == 0
+        assert tier.register_dataset(DATASET, num_samples=10) is False
+        assert tier.datasets() == []
+        tier.hint([make_key(DATASET, 2)])
+        stats = tier.stats()
+        assert (stats.state, stats.hits, stats.fall_throughs, stats.rejections) == (
+            "closed",
+            0,
+            1,
+            1,
+        )
+        tier.close()  # idempotent
+
     def test_hint_accepts_upcoming_keys(self, tier: Tier) -> None:
         tier.put_many([item(i) for i in range(10)])
         tier.hint([make_key(DATASET, i) for i in range(10)])

@@ -1,10 +1,12 @@
-"""Tier lifecycle: a failing read ends its transaction and its hold on the gate."""
+"""Tier lifecycle: a failing read ends its transaction, a closed tier stays closed, and an
+environment released with a lease open closes when that lease does."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 
 from fastdata import record
 from fastdata.cache import LmdbTier, _env
+from fastdata.cache._readahead import Readahead
 from fastdata.config import CacheConfig
 from tests.contracts.tier_contract import item, read_all
 
@@ -38,10 +41,26 @@ FINGERPRINTS = [it.fingerprint for it in ITEMS]
 RECORDS = [bytes(it.record) for it in ITEMS]
 
 
+def data_fds(root: Path) -> int:
+    """Descriptors of this process open on the cache's data file."""
+    target = str(root / "lmdb" / "data.mdb")
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == target
+        except OSError:
+            continue
+    return count
+
+
 def active_readers(handle: _env.EnvHandle) -> int:
     """Reader slots of the environment that hold a transaction now (txnid not ``-``)."""
     rows = handle.env.readers().splitlines()[1:]
     return sum(row.split()[-1] != "-" for row in rows)
+
+
+def readahead_threads() -> int:
+    return sum(t.name.startswith("fastdata-readahead") for t in threading.enumerate())
 
 
 # -- a failing read --------------------------------------------------------------------------
@@ -85,4 +104,95 @@ def test_foreign_error_in_a_read_falls_through_and_ends_the_transaction(
     started = time.perf_counter()
     tier.close()
     assert time.perf_counter() - started < 1.0  # no hold left for close() to wait out
+    assert handle.closed
+
+
+# -- closed is final ---------------------------------------------------------------------------
+
+
+def test_closed_lmdb_tier_never_reopens_its_environment(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tier = LmdbTier(config_in(root))
+    assert read_all(tier, KEYS[:1], FINGERPRINTS[:1]) == RECORDS[:1]
+    tier.close()
+    with caplog.at_level(logging.INFO, logger="fastdata.cache"):
+        assert read_all(tier, KEYS, FINGERPRINTS) == [None] * 12
+        assert tier.put_many([item(99)]) == 0
+        assert tier.contains_many(KEYS[:1], FINGERPRINTS[:1]) == [False]
+        assert tier.register_dataset(b"dataset1", num_samples=3) is False
+        assert tier.datasets() == []
+        assert tier.clear() == 0
+        tier.hint(KEYS)
+    assert caplog.records == []  # no "already open", no degradation, nothing reopened
+    assert tier._handle is None
+    assert root not in _env._HANDLES
+    assert data_fds(root) == 0
+    stats = tier.stats()
+    assert (stats.state, stats.fall_throughs, stats.rejections) == ("closed", 12, 1)
+    tier.close()  # idempotent
+    with LmdbTier(config_in(root)) as again:  # another tier opens the same files
+        assert read_all(again, KEYS, FINGERPRINTS) == RECORDS
+
+
+def test_closed_readahead_starts_no_threads(root: Path) -> None:
+    tier = LmdbTier(config_in(root, page_readahead="always"))
+    assert read_all(tier, KEYS, FINGERPRINTS) == RECORDS
+    assert readahead_threads() > 0  # the pool advised the batch
+    tier.close()
+    assert readahead_threads() == 0
+    assert tier._readahead.executor() is None
+    read_all(tier, KEYS, FINGERPRINTS)
+    tier.hint(KEYS)
+    assert readahead_threads() == 0
+
+    readahead = Readahead("always")
+    readahead.close()
+    assert readahead.executor() is None
+    assert readahead.advise(object(), KEYS) == 0  # two parts or more need the pool: skipped
+    readahead.advise_later(object(), KEYS, lambda: None)  # type: ignore[arg-type,return-value]
+    assert readahead_threads() == 0
+
+
+# -- the deferred close (NOTE[lmdb-close]) ---------------------------------------------------
+
+
+def test_environment_released_with_a_lease_open_closes_with_that_lease(
+    root: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(_env, "_RESIZE_WAIT_S", 0.2)
+    tier = LmdbTier(config_in(root))
+    lease = tier.get_many(KEYS, FINGERPRINTS)
+    handle = tier._get_handle()
+    assert handle is not None
+    with caplog.at_level(logging.WARNING, logger="fastdata.cache._env"):
+        tier.close()
+    assert "closed when the last one closes" in caplog.text
+    assert not handle.closed
+    assert data_fds(root) > 0
+    assert [bytes(b) for b in lease.buffers] == RECORDS  # the lease still reads the map
+    lease.close()
+    assert handle.closed
+    assert data_fds(root) == 0  # the environment and the tier's own descriptor
+    assert root not in _env._CLOSING
+
+
+def test_a_pending_close_is_taken_back_by_the_next_tier_on_the_directory(
+    root: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(_env, "_RESIZE_WAIT_S", 0.2)
+    first = LmdbTier(config_in(root))
+    lease = first.get_many(KEYS, FINGERPRINTS)
+    handle = first._get_handle()
+    first.close()
+    with caplog.at_level(logging.WARNING, logger="fastdata.cache"):
+        second = LmdbTier(config_in(root))
+        assert read_all(second, KEYS, FINGERPRINTS) == RECORDS
+    assert "already open" not in caplog.text
+    assert second.stats().state == "ok"
+    assert second._get_handle() is handle
+    lease.close()
+    assert not handle.closed  # the second tier holds it now
+    assert read_all(second, KEYS[:1], FINGERPRINTS[:1]) == RECORDS[:1]
+    second.close()
     assert handle.closed
