@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -55,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from fastdata import record
+from fastdata._pagecache import drop_page_cache
 from fastdata.cache import (
     CacheItem,
     LmdbTier,
@@ -182,24 +182,6 @@ def warm_part(size: int, count: int, num_batches: int, work: Path) -> dict[str, 
 
 
 # -- cold ------------------------------------------------------------------------------------
-
-
-def drop_page_cache(paths: Sequence[Path], *, system: bool) -> str:
-    """Drop the page cache (all of it when ``system``, else only ``paths``); says how."""
-    os.sync()
-    if system:
-        try:
-            Path("/proc/sys/vm/drop_caches").write_text("3\n")
-            return "drop_caches"
-        except OSError:
-            pass
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    return "fadvise_dontneed" + ("" if not system else " (no permission for drop_caches)")
 
 
 def file_reads(folder: Path, order: Sequence[int], size: int, dest: np.ndarray) -> float:

@@ -25,7 +25,8 @@ import lmdb
 import numpy as np
 
 from fastdata import record
-from fastdata.benchmark._measure import drop_page_cache, percentiles
+from fastdata._pagecache import drop_page_cache
+from fastdata.benchmark._measure import percentiles
 from fastdata.cache.lmdb_tier import HEADER_BYTES
 from fastdata.config import StoreConfig
 from fastdata.index import SampleIndex

@@ -36,7 +36,6 @@ import numpy as np
 __all__ = [
     "PassResult",
     "combine",
-    "drop_page_cache",
     "host_info",
     "percentiles",
     "run_pass",
@@ -158,31 +157,6 @@ def percentiles(values_s: Sequence[float]) -> dict[str, float]:
         "max": float(arr.max()),
         "mean": float(arr.mean()),
     }
-
-
-def drop_page_cache(paths: Sequence[Path] = ()) -> str:
-    """Drop the kernel page cache; returns how (``drop_caches`` or the fallback).
-
-    Writes ``3`` to ``/proc/sys/vm/drop_caches`` (root only) after ``sync``. Without
-    permission it asks the kernel to drop the pages of ``paths`` alone
-    (``POSIX_FADV_DONTNEED``), which works for clean pages of those files only.
-    """
-    os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return "drop_caches"
-    except OSError:
-        pass
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    return "fadvise_dontneed (no permission for /proc/sys/vm/drop_caches)"
 
 
 def host_info() -> dict[str, Any]:

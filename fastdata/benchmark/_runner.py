@@ -21,11 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from fastdata._pagecache import drop_page_cache
 from fastdata.benchmark import _limits
 from fastdata.benchmark._baseline import S3SampleDataset, run_baseline
 from fastdata.benchmark._config import BenchConfig
 from fastdata.benchmark._data import BenchData, generate
-from fastdata.benchmark._measure import drop_page_cache, host_info
+from fastdata.benchmark._measure import host_info
 from fastdata.benchmark._report import build_result
 from fastdata.benchmark._systems import SystemRun, open_dataset, run_cold, run_hot, run_warm
 from fastdata.config import CacheConfig, format_size

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from fastdata._pagecache import drop_page_cache
 from fastdata.cache import LmdbTier
 from fastdata.config import FastdataConfig
 from fastdata.errors import ConfigError
@@ -193,9 +194,9 @@ def _measure_disk(directory: Path, nbytes: int) -> tuple[float, float]:
                 written += os.write(fd, chunk[: nbytes - written])
             os.fsync(fd)
             write_s = time.perf_counter() - started
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+        drop_page_cache([path], system=False)  # this file's pages only, not the node's
         fd = os.open(path, os.O_RDONLY)
         started = time.perf_counter()
         try:
