@@ -23,6 +23,7 @@ NOTE[bench-pass]: a *pass* is one loop over a loader as a training script writes
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import time
@@ -32,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "PassResult",
@@ -169,13 +172,13 @@ def host_info() -> dict[str, Any]:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    except OSError:
-        pass
+    except OSError as exc:  # not Linux, or no /proc: the platform's name will do
+        _log.debug("no CPU model from /proc/cpuinfo (%s); reporting %r", exc, cpu)
     mem_bytes = 0
     try:
         mem_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        pass
+    except (ValueError, OSError) as exc:  # reported as 0 GiB: unknown
+        _log.debug("memory size unknown: sysconf says %s", exc)
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),

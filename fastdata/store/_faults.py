@@ -160,19 +160,25 @@ def classify_builtin(exc: BaseException, cause: str) -> Failure | None:
     return None
 
 
+_DELTA_SECONDS = re.compile(r"\d+(?:\.\d+)?")
+
+
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` value (delta-seconds or an HTTP date)."""
+    """Seconds to wait from a ``Retry-After`` value (delta-seconds or an HTTP date).
+
+    Returns:
+        The wait (0 for a date in the past), or ``None`` when the value is neither
+        (the retry then backs off as usual).
+    """
     if not value:
         return None
     value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
+    if _DELTA_SECONDS.fullmatch(value):
+        return float(value)  # a plain number: never "inf", "nan" or "-5"
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
-        return None
+        return None  # the caller's backoff applies: no hint is the documented answer
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 

@@ -142,3 +142,29 @@ def test_ratios_targets_and_summary_follow_the_figures(quick: bool) -> None:
     assert applies["cold time to first batch <= 0.5 s"]
     # Median of 1000 ms (0 workers) against 0.1 ms (warm).
     assert result["summary"].startswith("data-loading latency 1,000 ms -> 0.10 ms (10,000x)")
+
+
+def test_host_info_says_at_debug_what_it_could_not_read(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+    import os
+    from pathlib import Path
+
+    from fastdata.benchmark._measure import host_info
+
+    def unreadable(self: Path, *args: object, **kwargs: object) -> str:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    def no_sysconf(name: str) -> int:
+        raise ValueError(f"unrecognized configuration name {name}")
+
+    monkeypatch.setattr(Path, "read_text", unreadable)
+    monkeypatch.setattr(os, "sysconf", no_sysconf)
+    with caplog.at_level(logging.DEBUG, logger="fastdata.benchmark._measure"):
+        info = host_info()
+    assert info["memory_gib"] == 0
+    assert info["cpu"]
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "/proc/cpuinfo" in messages
+    assert "memory size unknown" in messages

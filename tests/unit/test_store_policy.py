@@ -167,6 +167,8 @@ def test_parse_retry_after_reads_seconds_and_http_dates() -> None:
     assert parse_retry_after(" 1.5 ") == 1.5
     assert parse_retry_after(None) is None
     assert parse_retry_after("soon") is None
+    for odd in ("inf", "nan", "-5", "1e9", "0x10", "3 s"):  # float() reads some of these
+        assert parse_retry_after(odd) is None, odd
     now = time.time()
     date = email.utils.formatdate(now + 10, usegmt=True)
     assert 8.0 <= (parse_retry_after(date, now=now) or 0) <= 11.0
