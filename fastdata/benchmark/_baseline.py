@@ -9,7 +9,8 @@ client on first use (a client must not cross a fork).
 
 torch is imported here, outside the three modules that import it in the library
 (STYLE.md section 1): the baseline *is* torch's DataLoader. The benchmark is a client of
-the public API, not part of the data path.
+the public API, not part of the data path. This is the one import the torch contract in
+``pyproject.toml`` ignores (docs/architecture.md).
 """
 
 from __future__ import annotations
