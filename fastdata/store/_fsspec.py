@@ -42,7 +42,7 @@ from fastdata.store._retry import Counters
 from fastdata.store._types import ObjectInfo, quote_etag, unquote_etag
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import AsyncIterator, Mapping
 
     from typing_extensions import Buffer
 
@@ -235,26 +235,10 @@ class FsspecBackend(Backend):
             body.close()
 
     async def _s3_stream(self, job: ReadJob, body: Any, size: int, etag: str | None) -> Buffer:
-        if job.buf is None:
-            job.begin_stream(size, unquote_etag(etag))
-        elif size != job.total - job.filled:
-            job.restart()
-            raise ShortBodyError(f"resumed body of {job.req.path!r} has an unexpected length")
-        assert job.buf is not None
-        view = memoryview(job.buf)
-        try:
-            while job.filled < job.total:
-                chunk = await body.read(min(STREAM_CHUNK_BYTES, job.total - job.filled))
-                if not chunk:
-                    break
-                view[job.filled : job.filled + len(chunk)] = chunk
-                job.filled += len(chunk)
-                self.counters.add("bytes_read", len(chunk))
-        finally:
-            view.release()
-        if job.filled != job.total:
-            raise ShortBodyError(f"body of {job.req.path!r} ended at {job.filled}/{job.total}")
-        return job.buf
+        return await job.receive(_body_chunks(body), size, unquote_etag(etag), self._count_read)
+
+    def _count_read(self, nbytes: int) -> None:
+        self.counters.add("bytes_read", nbytes)
 
     async def head(self, path: str) -> ObjectInfo:
         meta = await self._call("info", self._full(path))
@@ -304,6 +288,16 @@ class FsspecBackend(Backend):
         if type(exc).__name__ == "FSTimeoutError":
             return Failure(FaultKind.TRANSIENT, cause)
         return Failure(FaultKind.PERMANENT, cause)
+
+
+async def _body_chunks(body: Any) -> AsyncIterator[bytes]:
+    """An aiobotocore body as chunks of up to ``STREAM_CHUNK_BYTES``, until it ends.
+
+    It reads past the announced length when the server sends more, so that
+    ``ReadJob.receive`` sees an over-long body instead of a silently cut one.
+    """
+    while chunk := await body.read(STREAM_CHUNK_BYTES):
+        yield chunk
 
 
 def _classify_s3(exc: BaseException, cause: str) -> Failure | None:

@@ -7,12 +7,21 @@ first response, so the two parts always come from the same version. If the calle
 the read, a 412 on the resumed part raises ``ObjectChangedError``; if the caller did not,
 the received bytes are dropped and the read starts again from scratch (``RestartRead``).
 Smaller reads are simply read again: their received bytes are not kept. Either way a
-body shorter than its ``Content-Length`` is never returned.
+body shorter than its ``Content-Length`` is never returned, and a body longer than it is
+never trusted: its bytes are dropped and the read starts again from scratch.
+:meth:`ReadJob.receive` is the one loop that streams a body in, for both backends.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterable, Callable
+from typing import TYPE_CHECKING
+
+from fastdata.store._faults import ShortBodyError
 from fastdata.store._types import ByteRange
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 __all__ = ["ReadJob"]
 
@@ -47,6 +56,54 @@ class ReadJob:
             self.filled = 0
             if self.pin is None:
                 self.pin = etag
+        return self.buf
+
+    async def receive(
+        self,
+        chunks: AsyncIterable[Buffer],
+        size: int,
+        etag: str | None,
+        count: Callable[[int], None],
+    ) -> bytearray:
+        """Stream one response body into ``buf`` (NOTE[store-resume]).
+
+        Args:
+            chunks: The body, chunk by chunk (each a bytes-like object).
+            size: The length the response announced (``Content-Length``).
+            etag: The response's ETag, unquoted; pins later attempts.
+            count: Called with the length of every chunk stored (``bytes_read``).
+
+        Returns:
+            The whole range, once every byte has arrived.
+
+        Raises:
+            ShortBodyError: The body ended early (the next attempt asks for the rest),
+                or a resumed response has another length than the bytes still missing,
+                or the body runs past its announced length (both: the next attempt
+                starts again from scratch).
+        """
+        if self.buf is None:
+            self.begin_stream(size, etag)
+        elif size != self.total - self.filled:
+            self.restart()
+            raise ShortBodyError(f"resumed body of {self.req.path!r} has an unexpected length")
+        assert self.buf is not None
+        view = memoryview(self.buf)
+        try:
+            async for chunk in chunks:
+                n = len(chunk)
+                if n > self.total - self.filled:  # never `filled + n > total`: STYLE section 4
+                    self.restart()
+                    raise ShortBodyError(
+                        f"body of {self.req.path!r} is longer than its announced {size} bytes"
+                    )
+                view[self.filled : self.filled + n] = chunk
+                self.filled += n
+                count(n)
+        finally:
+            view.release()
+        if self.filled != self.total:
+            raise ShortBodyError(f"body of {self.req.path!r} ended at {self.filled}/{self.total}")
         return self.buf
 
     def restart(self) -> None:

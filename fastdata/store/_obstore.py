@@ -123,27 +123,15 @@ class ObstoreBackend(Backend):
         return await self._stream(job, result, size)
 
     async def _stream(self, job: ReadJob, result: Any, size: int) -> Buffer:
-        if job.buf is None:
-            job.begin_stream(size, unquote_etag(result.meta["e_tag"]))
-        elif size != job.total - job.filled:
-            job.restart()
-            raise ShortBodyError(f"resumed body of {job.req.path!r} has an unexpected length")
-        assert job.buf is not None
-        view = memoryview(job.buf)
-        try:
-            async for chunk in result.stream(min_chunk_size=STREAM_CHUNK_BYTES):
-                n = len(chunk)
-                if job.filled + n > job.total:
-                    job.restart()
-                    raise ShortBodyError(f"body of {job.req.path!r} is longer than announced")
-                view[job.filled : job.filled + n] = chunk
-                job.filled += n
-                self.counters.add("bytes_read", n)
-        finally:
-            view.release()
-        if job.filled != job.total:
-            raise ShortBodyError(f"body of {job.req.path!r} ended at {job.filled}/{job.total}")
-        return job.buf
+        return await job.receive(
+            result.stream(min_chunk_size=STREAM_CHUNK_BYTES),
+            size,
+            unquote_etag(result.meta["e_tag"]),
+            self._count_read,
+        )
+
+    def _count_read(self, nbytes: int) -> None:
+        self.counters.add("bytes_read", nbytes)
 
     async def head(self, path: str) -> ObjectInfo:
         meta = await obstore.head_async(self._store, path)
