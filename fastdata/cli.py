@@ -51,6 +51,61 @@ def _storage_options(pairs: tuple[str, ...], endpoint_url: str | None) -> dict[s
     return options
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+#: Which objects of the source, read how (pack, warm, doctor).
+_SOURCE_OPTIONS = (
+    click.option(
+        "--layout",
+        type=click.Choice(["files", "tar", "parquet", "packed"]),
+        help="Source layout (default: detected).",
+    ),
+    click.option("--pattern", help="Glob selecting source objects, e.g. '**/*.tar'."),
+    click.option(
+        "--field",
+        "fields",
+        multiple=True,
+        help="Tar extension or Parquet column to keep (repeatable).",
+    ),
+)
+#: How to reach the store; ``_storage_options`` turns them into fsspec options.
+_STORE_OPTIONS = (
+    click.option(
+        "--storage-option",
+        "storage_option",
+        multiple=True,
+        help="KEY=VALUE for the store (repeatable; JSON values parsed).",
+    ),
+    click.option("--endpoint-url", help="S3-compatible endpoint (else AWS_ENDPOINT_URL)."),
+)
+
+
+def _with_options(command: _F, options: tuple[Callable[[_F], _F], ...]) -> _F:
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _source_options(command: _F) -> _F:
+    """``--layout``, ``--pattern``, ``--field``."""
+    return _with_options(command, _SOURCE_OPTIONS)
+
+
+def _store_options(command: _F) -> _F:
+    """``--storage-option`` and ``--endpoint-url``."""
+    return _with_options(command, _STORE_OPTIONS)
+
+
+def _concurrency_option(*, default: int, maximum: int, help_text: str) -> Callable[[_F], _F]:
+    """``--concurrency``: how much runs at once, with the command's own default and cap."""
+    return click.option(
+        "--concurrency",
+        default=default,
+        show_default=True,
+        type=click.IntRange(1, maximum),
+        help=help_text,
+    )
+
+
 class _RichPackProgress:
     """A rich progress bar for ``fastdata pack`` (samples and source bytes)."""
 
@@ -68,34 +123,14 @@ class _RichPackProgress:
 @cli.command("pack")
 @click.argument("src")
 @click.argument("dst")
-@click.option(
-    "--layout",
-    type=click.Choice(["files", "tar", "parquet", "packed"]),
-    help="Source layout (default: detected).",
-)
-@click.option("--pattern", help="Glob selecting source objects, e.g. '**/*.tar'.")
-@click.option(
-    "--field", "fields", multiple=True, help="Tar extension or Parquet column to keep (repeatable)."
-)
+@_source_options
 @click.option("--labels", is_flag=True, help="files layout: add ImageFolder labels.")
 @click.option("--shard-bytes", default="256MiB", show_default=True, help="Target shard size.")
 @click.option(
     "--compress", multiple=True, help="FIELD=LEVEL (repeatable) or LEVEL for every field (zstd)."
 )
-@click.option(
-    "--concurrency",
-    default=4,
-    show_default=True,
-    type=click.IntRange(1, 256),
-    help="Shards built and uploaded at once.",
-)
-@click.option(
-    "--storage-option",
-    "storage_option",
-    multiple=True,
-    help="KEY=VALUE for the store (repeatable).",
-)
-@click.option("--endpoint-url", help="S3-compatible endpoint (else AWS_ENDPOINT_URL).")
+@_concurrency_option(default=4, maximum=256, help_text="Shards built and uploaded at once.")
+@_store_options
 def pack_command(
     src: str,
     dst: str,
@@ -162,7 +197,6 @@ class _Size(click.ParamType):  # type: ignore[type-arg]  # generic only in click
             self.fail(str(exc), param, ctx)
 
 
-_F = TypeVar("_F", bound=Callable[..., Any])
 _SHUFFLES: dict[str, Literal["global", "shard_window", "none"]] = {
     "true": "global",
     "false": "none",
@@ -185,31 +219,14 @@ _PLAN_FLAGS = (
 def _dataset_options(command: _F) -> _F:
     """The options that say which dataset, as ``fastdata.Dataset`` takes them."""
     options = [
-        click.option(
-            "--layout",
-            type=click.Choice(["files", "tar", "parquet", "packed"]),
-            help="Source layout (default: detected).",
-        ),
-        click.option("--pattern", help="Glob selecting source objects, e.g. '**/*.tar'."),
-        click.option(
-            "--field",
-            "fields",
-            multiple=True,
-            help="Tar extension or Parquet column to keep (repeatable).",
-        ),
+        *_SOURCE_OPTIONS,
         click.option(
             "--layout-option",
             "layout_option",
             multiple=True,
             help="KEY=VALUE layout option, e.g. labels=true (repeatable).",
         ),
-        click.option(
-            "--storage-option",
-            "storage_option",
-            multiple=True,
-            help="KEY=VALUE for the store (repeatable; JSON values parsed).",
-        ),
-        click.option("--endpoint-url", help="S3-compatible endpoint (else AWS_ENDPOINT_URL)."),
+        *_STORE_OPTIONS,
         click.option(
             "--consistency",
             type=click.Choice(["immutable", "validate"]),
@@ -228,9 +245,7 @@ def _dataset_options(command: _F) -> _F:
             help="Cache budget, e.g. 200GiB (else FASTDATA_CACHE_MAX_BYTES).",
         ),
     ]
-    for option in reversed(options):
-        command = option(command)
-    return command
+    return _with_options(command, tuple(options))
 
 
 def _plan_options(command: _F) -> _F:
@@ -358,12 +373,10 @@ def _print_json(data: object) -> None:
 @click.argument("url")
 @_dataset_options
 @_plan_options
-@click.option(
-    "--concurrency",
+@_concurrency_option(
     default=32,
-    show_default=True,
-    type=click.IntRange(1, 4096),
-    help="Most store requests in flight (halved while the store throttles).",
+    maximum=4096,
+    help_text="Most store requests in flight (halved while the store throttles).",
 )
 @click.option(
     "--max-inflight",
@@ -467,12 +480,8 @@ def stats_command(cache_dir: str | None, max_bytes: int | None, as_json: bool) -
     type=click.FloatRange(min=0, min_open=True),
     help="Seconds per training step, for a prefetch thread count.",
 )
-@click.option(
-    "--concurrency",
-    default=32,
-    show_default=True,
-    type=click.IntRange(1, 4096),
-    help="Requests in flight for the throughput read.",
+@_concurrency_option(
+    default=32, maximum=4096, help_text="Requests in flight for the throughput read."
 )
 @click.option(
     "--latency-samples",

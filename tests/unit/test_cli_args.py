@@ -126,3 +126,36 @@ def test_warm_stats_doctor_and_clear_never_import_torch(data: Path, tmp_path: Pa
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_pack_warm_and_doctor_take_the_same_source_store_and_concurrency_options() -> None:
+    import click
+
+    from fastdata.cli import cli
+
+    def options(command: str) -> dict[str, click.Option]:
+        params = cli.commands[command].params
+        return {p.name: p for p in params if isinstance(p, click.Option) and p.name}
+
+    pack, warm, doctor = options("pack"), options("warm"), options("doctor")
+    for name in ("layout", "pattern", "fields", "storage_option", "endpoint_url"):
+        assert pack[name].opts == warm[name].opts == doctor[name].opts, name
+        assert pack[name].help == warm[name].help == doctor[name].help, name
+        assert pack[name].multiple == warm[name].multiple, name
+    limits = [(o["concurrency"].default, o["concurrency"].type.max) for o in (pack, warm, doctor)]  # type: ignore[attr-defined]
+    assert limits == [(4, 256), (32, 4096), (32, 4096)]
+
+
+def test_pack_reads_json_storage_options_and_the_endpoint(data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "packed"
+    done = fastdata(
+        "pack", str(data), str(out), "--concurrency", "2",
+        "--storage-option", "use_listings_cache=false", "--endpoint-url", "http://127.0.0.1:9",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    names = {p.name for p in out.iterdir()}
+    assert "_fastdata_pack.json" in names
+    assert any(n.endswith(".fdpack") for n in names)
+    refused = fastdata("pack", str(data), str(out), "--concurrency", "0")
+    assert refused.returncode == 2
+    assert "--concurrency" in refused.stderr
