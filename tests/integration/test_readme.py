@@ -1,0 +1,53 @@
+"""The README's training example runs as written, against the real S3-compatible server.
+
+Only the bucket URL and the endpoint are replaced by the test server's; credentials come
+from the standard AWS variables, as the README says.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fastdata.store import Store
+
+pytestmark = pytest.mark.integration
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_example() -> str:
+    text = README.read_text()
+    section = text[text.index("## Use it in training code") :]
+    match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert match is not None, "the README lost its training example"
+    return match.group(1)
+
+
+def test_the_readme_training_example_runs(
+    s3_bucket: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code = readme_example()
+    assert "s3://my-bucket/imagenet/train" in code
+    assert "http://minio:9000" in code
+    images = {
+        f"imagenet/train/{cls}/{i:04d}.JPEG": bytes([i % 256]) * (100 + i)
+        for i, cls in enumerate(["n01440764", "n01443537"] * 150)
+    }
+    with Store(s3_bucket.url, storage_options=s3_bucket.storage_options) as store:
+        store.put_many(list(images.items()))
+    for key, value in s3_bucket.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    code = code.replace("s3://my-bucket/imagenet/train", f"{s3_bucket.url}/imagenet/train")
+    code = code.replace("http://minio:9000", s3_bucket.endpoint_url)
+    scope: dict[str, Any] = {}
+    exec(compile(code, str(README), "exec"), scope)
+    # 300 images, batches of 256 with drop_last: one batch per epoch, ten epochs.
+    assert scope["labels"].shape == (256,)
+    assert set(scope["labels"].tolist()) == {0, 1}
+    assert len(scope["images"].tolist()) == 256
+    assert (tmp_path / "ckpt.pt").exists()
