@@ -107,6 +107,21 @@ def test_foreign_error_in_a_read_falls_through_and_ends_the_transaction(
     assert handle.closed
 
 
+def test_unreadable_headers_make_contains_many_answer_false_not_raise(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken_pread(*args: object) -> bytes:
+        raise OSError(5, "Input/output error")
+
+    with LmdbTier(config_in(root)) as tier:
+        handle = tier._get_handle()
+        assert handle is not None
+        assert tier.contains_many(KEYS[:3], FINGERPRINTS[:3]) == [True] * 3
+        monkeypatch.setattr(os, "pread", broken_pread)
+        assert tier.contains_many(KEYS[:3], FINGERPRINTS[:3]) == [False] * 3
+        assert handle.gate._shared == 0
+
+
 # -- closed is final ---------------------------------------------------------------------------
 
 
