@@ -122,6 +122,37 @@ def test_unreadable_headers_make_contains_many_answer_false_not_raise(
         assert handle.gate._shared == 0
 
 
+def test_a_failing_hint_is_logged_and_the_next_hint_still_advises(
+    root: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[int] = []
+    real_advise = Readahead.advise
+
+    def flaky_advise(self: Readahead, handle: object, keys: list[bytes], **kw: object) -> int:
+        calls.append(len(keys))
+        if len(calls) == 1:
+            raise ValueError("a page that does not parse")
+        return real_advise(self, handle, keys, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Readahead, "advise", flaky_advise)
+    with (
+        caplog.at_level(logging.DEBUG, logger="fastdata.cache._readahead"),
+        LmdbTier(config_in(root, page_readahead="always")) as tier,
+    ):
+        tier.hint(KEYS[:6])
+        deadline = time.monotonic() + 10
+        while not calls and time.monotonic() < deadline:
+            time.sleep(0.01)
+        while tier._readahead._draining and time.monotonic() < deadline:
+            time.sleep(0.01)
+        tier.hint(KEYS[6:])
+        while len(calls) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert read_all(tier, KEYS, FINGERPRINTS) == RECORDS
+    assert calls[:2] == [6, 6]
+    assert "hint advice for 6 keys skipped: ValueError('a page that does not parse')" in caplog.text
+
+
 # -- closed is final ---------------------------------------------------------------------------
 
 
