@@ -14,7 +14,6 @@ while, so after two seconds it gets SIGKILL.
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import signal
@@ -216,20 +215,37 @@ class SeaweedServer:
             proc.wait(timeout=10)
 
     def create_bucket(self, bucket: str) -> None:
-        """Create ``bucket`` (idempotent), waiting briefly for a fresh server to accept it."""
-        import s3fs  # deferred: the server launcher itself needs no S3 client
+        """Create ``bucket`` (idempotent), waiting briefly for a fresh server to accept it.
 
-        fs = s3fs.S3FileSystem(skip_instance_cache=True, **self.storage_options)  # type: ignore[arg-type]
+        A plain ``PUT /<bucket>``: this server has no identities configured, so it accepts
+        the request unsigned. No S3 client (and no event loop that a forked DataLoader
+        worker could inherit half-used) is involved.
+
+        Raises:
+            ValueError: The name is not a valid bucket name (the server says 400).
+            RuntimeError: The server did not accept it within 30 seconds.
+        """
         deadline = time.monotonic() + 30
+        request = urllib.request.Request(f"{self.endpoint_url}/{bucket}", method="PUT")
         while True:
             try:
-                if not fs.exists(bucket):
-                    fs.mkdir(bucket)
-                return
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    if response.status == 200:
+                        return
+                    reason = f"HTTP {response.status}"
+            except urllib.error.HTTPError as exc:
+                if exc.code == 400:
+                    raise ValueError(
+                        f"{bucket!r} is not a valid bucket name: {exc.read()[:200]!r}"
+                    ) from exc
+                if exc.code == 409:  # already exists (BucketAlreadyOwnedByYou / Exists)
+                    return
+                reason = f"HTTP {exc.code}"
             except OSError as exc:
-                if exc.errno == errno.EINVAL or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+                reason = str(exc)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"SeaweedFS did not create bucket {bucket!r}: {reason}")
+            time.sleep(0.2)
 
     def stop(self) -> None:
         """Stop the server by its PID and remove a temporary data directory."""
