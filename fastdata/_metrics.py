@@ -11,7 +11,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import start_http_server
-from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (
+    CollectorRegistry,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+)
 
 __all__ = ["serve_loader_metrics"]
 
@@ -20,7 +25,7 @@ class _LoaderCollector:
     def __init__(self, loader: Any) -> None:
         self.loader = loader
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         stats = self.loader.stats()
         yield GaugeMetricFamily("fastdata_epoch", "Epoch of the current iteration", stats.epoch)
         yield CounterMetricFamily("fastdata_steps", "Batches handed out this epoch", stats.steps)
@@ -62,6 +67,6 @@ def serve_loader_metrics(loader: Any, port: int) -> Any:
     The returned object has ``shutdown()``; ``server_port`` tells the port (useful with 0).
     """
     registry = CollectorRegistry()
-    registry.register(_LoaderCollector(loader))  # type: ignore[arg-type]
+    registry.register(_LoaderCollector(loader))
     server, _thread = start_http_server(port, addr="127.0.0.1", registry=registry)
     return server

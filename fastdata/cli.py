@@ -9,13 +9,16 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import click
 
 from fastdata import __version__
 from fastdata.config import FastdataConfig
 from fastdata.errors import FastdataError
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 __all__ = ["main"]
 
@@ -35,7 +38,7 @@ def _storage_options(pairs: tuple[str, ...], endpoint_url: str | None) -> dict[s
     """``--storage-option k=v`` pairs (values parsed as JSON when they parse) and the endpoint."""
     import json
 
-    options: dict[str, object] = {}
+    options: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
@@ -45,7 +48,7 @@ def _storage_options(pairs: tuple[str, ...], endpoint_url: str | None) -> dict[s
         except ValueError:
             options[key] = value
     if endpoint_url:
-        client = dict(options.get("client_kwargs") or {})  # type: ignore[call-overload]
+        client = dict(options.get("client_kwargs") or {})
         client["endpoint_url"] = endpoint_url
         options["client_kwargs"] = client
     return options
@@ -109,15 +112,16 @@ def _concurrency_option(*, default: int, maximum: int, help_text: str) -> Callab
 class _RichPackProgress:
     """A rich progress bar for ``fastdata pack`` (samples and source bytes)."""
 
-    def __init__(self, bar: object) -> None:
+    def __init__(self, bar: Progress) -> None:
         self._bar = bar
-        self._task: object = None
+        self._task: TaskID | None = None
 
     def start(self, samples: int, nbytes: int) -> None:
-        self._task = self._bar.add_task("packing", total=samples, nbytes=0)  # type: ignore[attr-defined]
+        self._task = self._bar.add_task("packing", total=samples, nbytes=0)
 
     def advance(self, samples: int, nbytes: int) -> None:
-        self._bar.update(self._task, advance=samples)  # type: ignore[attr-defined]
+        # pack() calls start() before any advance(), so the task exists by now.
+        self._bar.update(self._task, advance=samples)  # type: ignore[arg-type]
 
 
 @cli.command("pack")
@@ -150,7 +154,7 @@ def pack_command(
     from fastdata.config import parse_size
     from fastdata.pack import pack, parse_compress
 
-    options = {"labels": True} if labels else {}
+    options: dict[str, Any] = {"labels": True} if labels else {}
     with Progress(
         "[progress.description]{task.description}",
         BarColumn(),

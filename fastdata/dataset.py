@@ -68,7 +68,7 @@ class VarTensor(NamedTuple):
     kind: str = "bytes"
     """What a sample is: ``"bytes"``, ``"str"`` (UTF-8 in ``values``) or ``"array"``."""
 
-    def item(self, i: int) -> torch.Tensor:  # type: ignore[override]
+    def item(self, i: int) -> torch.Tensor:
         """The elements of sample ``i`` (a view)."""
         start, end = int(self.offsets[i]), int(self.offsets[i + 1])
         return self.values[start:end]
@@ -154,7 +154,7 @@ class _Runtime:
         self.store.close()
 
 
-class Dataset(IterableDataset):  # type: ignore[type-arg]
+class Dataset(IterableDataset[Any]):
     """A dataset in object storage, read through the node cache by background threads.
 
     Args:
@@ -460,6 +460,7 @@ def _shuffle_mode(shuffle: bool | str) -> ShuffleMode:
     if shuffle is False:
         return "none"
     if shuffle in ("global", "shard_window", "none"):
+        # The test above makes it a ShuffleMode; `in` on a tuple does not narrow for mypy.
         return shuffle  # type: ignore[return-value]
     raise ConfigError(
         f"shuffle must be True, False, 'global', 'shard_window' or 'none', got {shuffle!r}"

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+import numpy.typing as npt
 
 from fastdata.config import default_cache_dir
 from fastdata.errors import ConfigError, ObjectChangedError
@@ -83,7 +84,7 @@ def normalize_url(url: str) -> str:
     return f"{scheme}://{rest}"
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
+def _mix(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     """splitmix64 finaliser, vectorised (wraps modulo 2**64 by design)."""
     x = x + _MIX[0]
     x = (x ^ (x >> np.uint64(30))) * _MIX[1]
@@ -267,6 +268,7 @@ class SampleIndex:
             unit = self._unit(span, req, raw, rows[members], ids[members])
             for i, sample in zip(members.tolist(), self.layout.decode_unit(unit), strict=True):
                 out[i] = sample
+        # The units partition the ids, so every slot was filled above.
         return out  # type: ignore[return-value]
 
     def _request(self, obj: int, start: int, end: int) -> ByteRange:

@@ -24,7 +24,7 @@ import pickle
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -78,7 +78,7 @@ class LoaderStats:
     """Samples of the epoch no rank reads (the documented tail, see docs/plan.md)."""
 
 
-class _WorkerStream(IterableDataset):  # type: ignore[type-arg]
+class _WorkerStream(IterableDataset[Any]):
     """What each DataLoader worker process iterates: its share of the rank's batches.
 
     With persistent workers torch keeps this object in the worker across epochs, so it
@@ -153,6 +153,11 @@ class DataLoader:
         ConfigError: A bad argument.
     """
 
+    # Set by _reset_timing, read by _timed (which comes first in this class).
+    _wait_total: float
+    _wait_max: float
+    _waits: list[float]
+
     def __init__(
         self,
         dataset: Any,
@@ -197,7 +202,7 @@ class DataLoader:
         self._metrics_server: Any = None
         # The running epoch, weakly: a loop that breaks out drops the last reference and
         # garbage collection closes it, as with torch's DataLoader.
-        self._active: weakref.ref[Iterator[Any]] | None = None
+        self._active: weakref.ref[Generator[Any, None, None]] | None = None
         if not isinstance(dataset, Dataset):
             extras = {"device": device, "world_size": world_size, "rank": rank}
             extras["metrics_port"] = metrics_port
@@ -322,7 +327,7 @@ class DataLoader:
         active = self._active() if self._active is not None else None
         self._active = None
         if active is not None:
-            active.close()  # type: ignore[attr-defined]
+            active.close()
 
     def _batches(self, plan: EpochPlan, epoch: int, cursor: int) -> Iterator[Any]:
         if self.num_workers == 0:
@@ -361,7 +366,7 @@ class DataLoader:
         self._prefetcher = prefetcher
         return _flatten(prefetcher) if unbatch else prefetcher
 
-    def _timed(self, source: Iterator[Any]) -> Iterator[Any]:
+    def _timed(self, source: Iterator[Any]) -> Generator[Any, None, None]:
         self._started_s = time.perf_counter()
         try:
             while True:

@@ -137,10 +137,10 @@ def _classify(name: str, value: object) -> tuple[int, int, tuple[int, ...], Any]
         return KIND_SCALAR, code, (), data.view(np.uint8)
     if isinstance(value, str):
         try:
-            data = value.encode("utf-8")
+            encoded = value.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise ConfigError(f"field {name!r}: str is not encodable as UTF-8") from exc
-        return KIND_STR, 2, (len(data),), data
+        return KIND_STR, 2, (len(encoded),), encoded
     if isinstance(value, bytes | bytearray | memoryview):
         view = memoryview(value)
         if not view.c_contiguous:
@@ -323,7 +323,7 @@ def _value(row: np.ndarray, data: np.ndarray, offset: int) -> Any:
     kind, code, ndim, raw = int(row[1]), int(row[2]), int(row[4]), int(row[7])
     payload = data[offset : offset + raw]
     if kind == KIND_BYTES:
-        return memoryview(payload)
+        return payload.data
     if kind == KIND_STR:
         return payload.tobytes().decode("utf-8")
     if kind == KIND_SCALAR:
@@ -411,7 +411,8 @@ def checksum(buf: Any) -> int:
         raise CorruptRecordError(
             f"a record is at least {HEADER_BYTES} bytes, this one {len(view)}", offset=0
         )
-    return backend_module.crc32c(view[24:], backend_module.crc32c(view[:20]))
+    crc: int = backend_module.crc32c(view[24:], backend_module.crc32c(view[:20]))
+    return crc
 
 
 def to_record(sample: Any) -> Any:
@@ -502,8 +503,8 @@ def _result(plan: _FieldPlan, data: np.ndarray, count: int) -> np.ndarray | VarB
         return values.reshape((count, *plan.shape))
     offsets = np.zeros(count + 1, dtype=np.int64)
     np.cumsum(plan.raw // plan.dtype.itemsize, out=offsets[1:])
-    kind = {KIND_BYTES: "bytes", KIND_STR: "str"}.get(plan.kind, "array")
-    return VarBatch(values, offsets, plan.shapes, kind)  # type: ignore[arg-type]
+    kinds: dict[int, Literal["bytes", "str"]] = {KIND_BYTES: "bytes", KIND_STR: "str"}
+    return VarBatch(values, offsets, plan.shapes, kinds.get(plan.kind, "array"))
 
 
 def _batch_view(buf: Any, nbytes: int) -> np.ndarray:

@@ -35,7 +35,7 @@ __all__ = ["S3SampleDataset", "baseline_loader", "run_baseline"]
 _INHERITED: list[Any] = []
 
 
-class S3SampleDataset(TorchDataset):  # type: ignore[type-arg]
+class S3SampleDataset(TorchDataset[torch.Tensor]):
     """One s3fs GET per sample; pickles as plain data (bucket root, spans, options).
 
     Args:
@@ -70,7 +70,7 @@ class S3SampleDataset(TorchDataset):  # type: ignore[type-arg]
 
     def _client(self) -> Any:
         if self._fs is None or self._pid != os.getpid():
-            import s3fs  # type: ignore[import-untyped]
+            import s3fs
 
             if self._fs is not None:
                 _INHERITED.append(self._fs)

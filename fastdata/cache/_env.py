@@ -59,7 +59,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import lmdb
 
@@ -108,6 +107,10 @@ class EnvUnavailable(Exception):
 
 class _FormatMismatch(Exception):
     """The files are an LMDB environment, but not a fastdata cache of this format."""
+
+
+#: Errors on open that quarantine the files and rebuild the environment.
+_REBUILD_ERRORS: tuple[type[BaseException], ...] = (*CORRUPT_ERRORS, _FormatMismatch)
 
 
 class Gate:
@@ -175,10 +178,10 @@ class EnvHandle:
     """One open environment in this process, shared by every LmdbTier on the directory."""
 
     root: Path
-    env: Any
-    records: Any
-    meta: Any
-    main: Any
+    env: lmdb.Environment
+    records: lmdb._Database
+    meta: lmdb._Database
+    main: lmdb._Database
     data_path: Path
     inode: tuple[int, int]
     budget_map_bytes: int
@@ -437,7 +440,7 @@ def _open(root: Path, budget_map_bytes: int, max_readers: int, readahead: bool) 
     with flocked(root / "lmdb.lock"):
         try:
             return _open_once(lmdb_dir, budget_map_bytes, max_readers, readahead)
-        except (*CORRUPT_ERRORS, _FormatMismatch) as exc:
+        except _REBUILD_ERRORS as exc:
             quarantine(root, reason=f"{type(exc).__name__}: {exc}")
         except lmdb.Error as exc:
             if getattr(exc, "code", None) not in (errno.EIO, errno.EISDIR):
@@ -445,7 +448,7 @@ def _open(root: Path, budget_map_bytes: int, max_readers: int, readahead: bool) 
             quarantine(root, reason=f"{type(exc).__name__}: {exc}")
         try:
             return _open_once(lmdb_dir, budget_map_bytes, max_readers, readahead)
-        except (*CORRUPT_ERRORS, _FormatMismatch) as exc:
+        except _REBUILD_ERRORS as exc:
             raise EnvUnavailable(f"cannot rebuild the LMDB cache in {lmdb_dir}: {exc}") from exc
 
 
@@ -508,7 +511,7 @@ def _open_once(
     return handle
 
 
-def _open_dbs(env: Any) -> tuple[Any, Any]:
+def _open_dbs(env: lmdb.Environment) -> tuple[lmdb._Database, lmdb._Database]:
     with env.begin() as txn:
         has_format = txn.get(b"meta") is not None
     if has_format:

@@ -50,7 +50,12 @@ from fastdata.config import CacheConfig
 from fastdata.errors import ConfigError, CorruptRecordError
 
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
     from typing_extensions import Buffer
+
+    #: Sample ids as the public calls take them: any int sequence or a numpy integer array.
+    SampleIds = Sequence[int] | npt.NDArray[np.integer[Any]]
 
 __all__ = ["CacheStats", "ReadThroughCache", "SampleSource", "default_tiers"]
 
@@ -73,11 +78,16 @@ class SampleSource(Protocol):
     ``fastdata.index.SampleIndex.source(store)`` provides one; tests use small fakes.
     """
 
-    dataset_id: bytes
-    """8 bytes, the prefix of every key of this dataset."""
-    url: str
-    """Where the dataset lives (the index's normalized URL); the tiers register the
-    dataset under it, so ``fastdata stats`` and ``fastdata clear --dataset URL`` find it."""
+    @property
+    def dataset_id(self) -> bytes:
+        """8 bytes, the prefix of every key of this dataset."""
+        ...
+
+    @property
+    def url(self) -> str:
+        """Where the dataset lives (the index's normalized URL); the tiers register the
+        dataset under it, so ``fastdata stats`` and ``fastdata clear --dataset URL`` find it."""
+        ...
 
     def __len__(self) -> int:
         """Number of samples."""
@@ -209,9 +219,10 @@ class ReadThroughCache:
         return {"tiers": self._given_tiers, "source": self.source, "config": self.config}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        # Unpickling runs __init__ again on purpose: it reopens what __getstate__ dropped.
         self.__init__(state["tiers"], state["source"], config=state["config"])  # type: ignore[misc]
 
-    def get_many(self, sample_ids: Sequence[int], *, defer_verify: bool = False) -> Lease:
+    def get_many(self, sample_ids: SampleIds, *, defer_verify: bool = False) -> Lease:
         """Record buffers for every id, in order; close the lease when done with them.
 
         Args:
@@ -261,7 +272,7 @@ class ReadThroughCache:
 
         return Lease(buffers, release, unverified=any(lease.unverified for lease in leases))
 
-    def drop_corrupt(self, sample_ids: Sequence[int]) -> int:
+    def drop_corrupt(self, sample_ids: SampleIds) -> int:
         """Check the tiers' entries for these ids and drop the corrupt ones.
 
         For records a gather found corrupt (NOTE[deferred-verify] in ``tier.py``); each
@@ -281,7 +292,7 @@ class ReadThroughCache:
 
     def collate_many(
         self,
-        sample_ids: Sequence[int],
+        sample_ids: SampleIds,
         *,
         fields: Sequence[str] | None = None,
         alloc: Callable[[int], Any] = record.aligned_empty,
@@ -328,7 +339,7 @@ class ReadThroughCache:
         with self.get_many(ids) as lease:
             return record.collate(lease.buffers, fields=fields, alloc=alloc, sample_ids=ids)
 
-    def _check_ids(self, sample_ids: Sequence[int]) -> list[int]:
+    def _check_ids(self, sample_ids: SampleIds) -> list[int]:
         try:
             ids = [int(i) for i in sample_ids]
         except (TypeError, ValueError) as exc:
@@ -489,7 +500,7 @@ class ReadThroughCache:
                     flight.record = records[j]
                 flight.event.set()
 
-    def hint(self, sample_ids: Sequence[int]) -> None:
+    def hint(self, sample_ids: SampleIds) -> None:
         """Announce the ids read next, in order; forwarded to every tier as keys."""
         ids = self._check_ids(sample_ids)
         if not ids or not self.tiers:

@@ -155,6 +155,7 @@ class LmdbTier:
         return {"config": self.config}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        # Unpickling runs __init__ again on purpose: it reopens what __getstate__ dropped.
         self.__init__(state["config"])  # type: ignore[misc]
 
     # -- handle and degradation ---------------------------------------------------------

@@ -135,6 +135,7 @@ def check_num_samples(num_samples: object) -> int:
         ConfigError: It is not an int, or it is negative.
     """
     try:
+        # Any object may come in: the TypeError of a non-integer is the check.
         count = operator.index(num_samples)  # type: ignore[arg-type]
     except TypeError as exc:
         raise ConfigError(f"num_samples must be an int, got {num_samples!r}") from exc
@@ -237,6 +238,7 @@ class Lease:
     def close(self) -> None:
         """Release the buffers; idempotent."""
         release, self._release = self._release, None
+        # A closed lease holds no buffers (is_open); while open, buffers is never None.
         self.buffers = None  # type: ignore[assignment]
         if release is not None:
             release()
@@ -485,4 +487,7 @@ class StatsRecorder:
     def snapshot(self, **contents: Any) -> TierStats:
         """A tier's counters plus ``contents`` (entries, bytes_used, ...) as :class:`TierStats`."""
         counts, hists = self.read()
-        return TierStats(**counts, get_latency=hists["get"], put_latency=hists["put"], **contents)
+        # The counter names are TierStats fields; keyword names held in a dict cannot be
+        # matched to fields by a type checker, so they go in as Any like ``contents``.
+        by_field: dict[str, Any] = counts
+        return TierStats(**by_field, get_latency=hists["get"], put_latency=hists["put"], **contents)

@@ -116,6 +116,7 @@ def _align(value: int, alignment: int) -> int:
 def _source(obj: object, what: str) -> np.ndarray:
     """A read-only uint8 view of ``obj``; a TypeError names it (``what``) otherwise."""
     try:
+        # Any object may come in: memoryview's TypeError is the buffer-protocol check.
         view = memoryview(obj)  # type: ignore[arg-type]
     except TypeError:
         view = None
@@ -129,6 +130,7 @@ def _source(obj: object, what: str) -> np.ndarray:
 
 def _destination(out: object) -> np.ndarray:
     try:
+        # Any object may come in: memoryview's TypeError is the buffer-protocol check.
         view = memoryview(out)  # type: ignore[arg-type]
     except TypeError:
         view = None
@@ -169,7 +171,8 @@ def _is_utf8(data: bytes) -> bool:
 
 
 def _record_checksum(buf: np.ndarray) -> int:
-    return google_crc32c.extend(google_crc32c.value(buf[:20].tobytes()), buf[24:].tobytes())
+    crc: int = google_crc32c.extend(google_crc32c.value(buf[:20].tobytes()), buf[24:].tobytes())
+    return crc
 
 
 def _parse(buf: np.ndarray, verify: bool) -> list[_Field]:
@@ -177,7 +180,7 @@ def _parse(buf: np.ndarray, verify: bool) -> list[_Field]:
     n = len(buf)
     if n < HEADER_BYTES:
         raise _fail(f"record is {n} bytes, shorter than the 32-byte header", 0)
-    magic, version, count, total, table, stored, reserved = _HEADER.unpack_from(buf, 0)
+    magic, version, count, total, table, stored, reserved = _HEADER.unpack_from(buf.data, 0)
     if magic != MAGIC:
         raise _fail("not a fastdata record (bad magic)", 0)
     if version != FORMAT_VERSION:
@@ -221,7 +224,7 @@ def _parse_entry(
     """Validate entry k at offset p (spec steps 1-17)."""
     if table_end - p < ENTRY_BYTES:
         raise _fail(f"field {k}: entry runs past the field table", p)
-    kind, dtype, codec, ndim, name_len, reserved, offset, stored = _ENTRY.unpack_from(buf, p)
+    kind, dtype, codec, ndim, name_len, reserved, offset, stored = _ENTRY.unpack_from(buf.data, p)
     if kind > KIND_ARRAY:
         raise _fail(f"field {k}: unknown kind {kind}", p)
     if dtype >= len(DTYPE_NAMES):
@@ -287,7 +290,7 @@ def _parse_shape(
     raw = itemsize
     for j in range(ndim):
         q = p + ENTRY_BYTES + 8 * j
-        (dim,) = struct.unpack_from("<Q", buf, q)
+        (dim,) = struct.unpack_from("<Q", buf.data, q)
         if dim > MAX_FIELD_BYTES:
             raise _fail(f"field {k}: dimension {j} is {dim}, above the limit of 2**40", q)
         if dim != 0 and raw > MAX_FIELD_BYTES // dim:
@@ -323,7 +326,7 @@ def _zstd_frame_problem(buf: np.ndarray, start: int, size: int, raw: int) -> str
     """Check one zstd frame's structure in buf[start:start+size] without decompressing."""
     if size < 5:
         return "zstd frame header is truncated"
-    magic, fhd = struct.unpack_from("<IB", buf, start)
+    magic, fhd = struct.unpack_from("<IB", buf.data, start)
     if magic != _ZSTD_MAGIC:
         return "payload is not a zstd frame"
     if fhd & 0x08:
@@ -535,8 +538,8 @@ class _Decompressor:
         return not self._lib.ZSTD_isError(got) and got == len(target)
 
     def __exit__(self, *exc: object) -> None:
-        if self._dctx is not None:
-            self._lib.ZSTD_freeDCtx(self._dctx)  # type: ignore[union-attr]
+        if self._dctx is not None and self._lib is not None:
+            self._lib.ZSTD_freeDCtx(self._dctx)
 
 
 def _check_overlap(dst: np.ndarray, sources: list[np.ndarray]) -> None:
@@ -581,7 +584,8 @@ def crc32c(data: Any, value: int = 0, method: str = "auto", out: Any = None) -> 
         if len(src) and src.ctypes.data < hi and lo < src.ctypes.data + len(src):
             raise ValueError("out overlaps data; crc32c needs a separate destination")
         dst[: len(src)] = src
-    return google_crc32c.extend(value, src.tobytes())
+    crc: int = google_crc32c.extend(value, src.tobytes())
+    return crc
 
 
 def load_zstd(soname: str = "libzstd.so.1") -> str:
@@ -597,7 +601,8 @@ def load_zstd(soname: str = "libzstd.so.1") -> str:
         raise TypeError(f"soname must be a str, not {type(soname).__name__}")
     lib = _libzstd()
     if lib is not None:
-        return lib.ZSTD_versionString().decode("ascii")
+        version: bytes = lib.ZSTD_versionString()
+        return version.decode("ascii")
     return ".".join(str(part) for part in zstandard.ZSTD_VERSION)
 
 

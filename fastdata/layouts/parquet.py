@@ -22,7 +22,7 @@ import io
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -41,6 +41,10 @@ from fastdata.layouts.base import (
     scan_with_reuse,
 )
 from fastdata.store import ByteRange, ObjectInfo, Store
+
+if TYPE_CHECKING:
+    #: A column of lists, of large lists or of fixed-size lists (``_list_values``).
+    _ListLike = pa.ListArray[Any] | pa.LargeListArray[Any] | pa.FixedSizeListArray[Any, Any]
 
 __all__ = ["ParquetLayout"]
 
@@ -251,7 +255,8 @@ class ParquetLayout:
         """Read each touched row group from the fetched span and pick the rows."""
         meta = self._meta(unit)
         source = _RangeFile(unit.size, unit.start, unit.view, unit.path)
-        reader = pq.ParquetFile(source, metadata=meta.metadata)
+        # pyarrow wraps any Python file object in a PythonFile; done here, the types see it.
+        reader = pq.ParquetFile(pa.PythonFile(source, mode="r"), metadata=meta.metadata)
         out: list[Sample | None] = [None] * len(unit.rows)
         offsets = unit.rows["offset"]
         for start in np.unique(offsets).tolist():
@@ -262,7 +267,9 @@ class ParquetLayout:
                 raise corrupt(unit.path, start, "no row group starts here", sample_id=first_id)
             try:
                 table = reader.read_row_group(group, columns=self._columns(meta))
-                table = table.take(pa.array(unit.rows["aux"][picked].astype(np.int64)))
+                table = table.take(
+                    pa.array(unit.rows["aux"][picked].astype(np.int64), type=pa.int64())
+                )
                 samples = _samples(table, unit.path, group)
             except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
                 raise corrupt(
@@ -310,10 +317,10 @@ def _samples(table: pa.Table, path: str, group: int) -> list[dict[str, Any]]:
     return [{name: values[i] for name, values in columns.items()} for i in range(table.num_rows)]
 
 
-def _values(array: pa.Array, name: str, path: str, group: int) -> list[Any]:
+def _values(array: pa.Array[Any], name: str, path: str, group: int) -> list[Any]:
     kind = array.type
     if pa.types.is_dictionary(kind):
-        array = array.dictionary_decode()
+        array = cast("pa.DictionaryArray[Any, Any]", array).dictionary_decode()
         kind = array.type
     if array.null_count:
         raise ConfigError(
@@ -325,22 +332,22 @@ def _values(array: pa.Array, name: str, path: str, group: int) -> list[Any]:
     if pa.types.is_temporal(kind) and not pa.types.is_interval(kind):
         return list(_temporal_ticks(array))
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        return array.to_pylist()  # type: ignore[no-any-return]
+        return array.to_pylist()
     if (
         pa.types.is_binary(kind)
         or pa.types.is_large_binary(kind)
         or pa.types.is_fixed_size_binary(kind)
     ):
-        return array.to_pylist()  # type: ignore[no-any-return]
+        return array.to_pylist()
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-        return _list_values(array, name, path, group)
+        return _list_values(cast("_ListLike", array), name, path, group)
     raise ConfigError(
         f"column {name!r} of {path!r} has type {kind}, which fastdata cannot turn into a "
         "sample field; choose other fields"
     )
 
 
-def _temporal_ticks(array: pa.Array) -> np.ndarray:
+def _temporal_ticks(array: pa.Array[Any]) -> np.ndarray:
     """A timestamp, date, time or duration column as ``int64`` counts of its own unit.
 
     The record format has no datetime type (``record.encode`` refuses ``datetime64``), so
@@ -355,7 +362,7 @@ def _temporal_ticks(array: pa.Array) -> np.ndarray:
     return array.view(storage).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
-def _list_values(array: pa.Array, name: str, path: str, group: int) -> list[Any]:
+def _list_values(array: _ListLike, name: str, path: str, group: int) -> list[Any]:
     inner = array.type.value_type
     numeric = (
         pa.types.is_integer(inner) or pa.types.is_floating(inner) or pa.types.is_boolean(inner)
@@ -369,5 +376,6 @@ def _list_values(array: pa.Array, name: str, path: str, group: int) -> list[Any]
     values = flat.to_numpy(zero_copy_only=False)
     if pa.types.is_fixed_size_list(array.type):
         return list(values.reshape(len(array), array.type.list_size))
-    offsets = array.offsets.to_numpy() - array.offsets[0].as_py()
-    return [values[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
+    offsets = cast("pa.ListArray[Any] | pa.LargeListArray[Any]", array).offsets
+    starts = offsets.to_numpy() - offsets[0].as_py()
+    return [values[a:b] for a, b in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import IO, Any
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -179,7 +179,7 @@ def stats_table(report: CacheReport) -> list[Any]:
             f"{format_size(c.get('bytes_read', 0))} / {format_size(c.get('bytes_written', 0))}",
         )
     datasets = Table(title="datasets")
-    for name, justify in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("dataset id", "left"),
         ("url", "left"),
         ("layout", "left"),
@@ -188,8 +188,9 @@ def stats_table(report: CacheReport) -> list[Any]:
         ("%", "right"),
         ("bytes", "right"),
         ("last read", "right"),
-    ):
-        datasets.add_column(name, justify=justify)  # type: ignore[arg-type]
+    )
+    for name, justify in columns:
+        datasets.add_column(name, justify=justify)
     for d in report.datasets:
         datasets.add_row(
             d.dataset_id,

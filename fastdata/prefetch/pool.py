@@ -115,7 +115,7 @@ def _size_class(nbytes: int) -> int:
 def _cuda_host_register(address: int, nbytes: int) -> bool:
     """Pin ``[address, address + nbytes)`` for every CUDA context; ``False`` on failure."""
     try:
-        result = int(torch.cuda.cudart().cudaHostRegister(address, nbytes, 1))  # type: ignore[no-untyped-call]
+        result = int(torch.cuda.cudart().cudaHostRegister(address, nbytes, 1))
     except (RuntimeError, AssertionError) as exc:  # no usable CUDA here (e.g. after fork)
         logger.warning("buffer pool: cannot reach the CUDA runtime to pin buffers: %s", exc)
         return False
@@ -137,7 +137,7 @@ def _record_fence() -> Any:
 def _cuda_host_unregister(address: int, owner: Any) -> None:
     """Unpin a registered range. ``owner`` is held only so the memory outlives this call."""
     del owner
-    result = int(torch.cuda.cudart().cudaHostUnregister(address))  # type: ignore[no-untyped-call]
+    result = int(torch.cuda.cudart().cudaHostUnregister(address))
     if result != 0:
         logger.error("buffer pool: cudaHostUnregister(%#x) failed (cudaError %d)", address, result)
 

@@ -343,6 +343,7 @@ class Prefetcher(Generic[B, T]):
         self._wait_total += wait
         self._wait_max = max(self._wait_max, wait)
         self._waits[index % _WAIT_WINDOW] = wait
+        # A slot that is ok holds the batch the fetch made (a T); _wait_for cannot say so.
         return value  # type: ignore[no-any-return]
 
     def _wait_for(self, index: int) -> tuple[bool, Any, float, str, int]:
@@ -395,6 +396,7 @@ class Prefetcher(Generic[B, T]):
                     if batch is _END:
                         self._source_end = StopIteration()
                         break
+                    # Not the _END sentinel, so a batch; `is` on an object() does not narrow.
                     fresh.append(batch)  # type: ignore[arg-type]
             except Exception as exc:
                 # Raised at the failing batch's turn, after the ones read before it.
@@ -406,6 +408,7 @@ class Prefetcher(Generic[B, T]):
             return self._lookahead.popleft()
         if isinstance(self._source_end, StopIteration):
             return _END
+        # Set by the read-ahead above: it either ran dry (StopIteration) or failed.
         raise self._source_end  # type: ignore[misc]
 
     def stats(self) -> PrefetchStats:

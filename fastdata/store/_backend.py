@@ -18,6 +18,8 @@ from fastdata.store._types import ObjectInfo
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
+    from fastdata.store._args import BackendName
+
 __all__ = ["Backend"]
 
 #: Chunk size of streamed (resumable) reads.
@@ -27,7 +29,7 @@ STREAM_CHUNK_BYTES = 256 * 1024
 class Backend(abc.ABC):
     """One client of one store root, in one process."""
 
-    name: str
+    name: BackendName
     """``obstore`` or ``fsspec``."""
     secrets: tuple[str, ...] = ()
     """Credential strings to redact from every message."""

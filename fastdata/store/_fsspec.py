@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import functools
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -189,7 +190,7 @@ class FsspecBackend(Backend):
         full = self._full(req.path)
         if job.pin is not None:
             await self._check_version(full, job.pin)
-        data = await self._call("cat_file", full, start=req.start, end=req.end)
+        data: bytes = await self._call("cat_file", full, start=req.start, end=req.end)
         if job.pin is not None:
             await self._check_version(full, job.pin)  # and it did not change while we read
         self.counters.add("bytes_read", len(data))
@@ -225,7 +226,7 @@ class FsspecBackend(Backend):
         size = int(resp["ContentLength"])
         try:
             if job.buf is None and size < self.resume_min_bytes:
-                data = await body.read()
+                data: bytes = await body.read()
                 if len(data) != size:
                     raise ShortBodyError(f"body of {req.path!r} had {len(data)} of {size} bytes")
                 self.counters.add("bytes_read", size)
@@ -307,7 +308,7 @@ def _classify_s3(exc: BaseException, cause: str) -> Failure | None:
     source = exc.__cause__ if isinstance(exc.__cause__, bce.ClientError) else exc
     if isinstance(source, bce.ClientError):
         error = source.response.get("Error") or {}
-        meta = source.response.get("ResponseMetadata") or {}
+        meta: Mapping[str, Any] = source.response.get("ResponseMetadata") or {}
         code = str(error.get("Code") or "")
         status = int(meta.get("HTTPStatusCode") or 0)
         if code in _S3_NOT_FOUND:

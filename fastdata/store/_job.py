@@ -15,13 +15,20 @@ never trusted: its bytes are dropped and the read starts again from scratch.
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from fastdata.store._faults import ShortBodyError
 from fastdata.store._types import ByteRange
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
+
+    class _Chunk(Buffer, Protocol):
+        """A bytes-like piece of a body whose ``len`` is its size in bytes (``bytes``,
+        obstore ``Bytes``)."""
+
+        def __len__(self) -> int: ...
+
 
 __all__ = ["ReadJob"]
 
@@ -60,7 +67,7 @@ class ReadJob:
 
     async def receive(
         self,
-        chunks: AsyncIterable[Buffer],
+        chunks: AsyncIterable[_Chunk],
         size: int,
         etag: str | None,
         count: Callable[[int], None],

@@ -49,6 +49,7 @@ from fastdata.store._types import ObjectInfo, quote_etag, unquote_etag
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from obstore import GetOptions
     from typing_extensions import Buffer
 
 __all__ = ["ObstoreBackend", "runtime_usable"]
@@ -97,7 +98,7 @@ class ObstoreBackend(Backend):
     async def read_attempt(self, job: ReadJob) -> Buffer:
         req = job.req
         start = job.next_start
-        options: dict[str, Any] = {}
+        options: GetOptions = {}
         if req.end is not None:
             if start >= req.end:
                 return b""
@@ -107,7 +108,7 @@ class ObstoreBackend(Backend):
         if job.pin is not None:
             options["if_match"] = quote_etag(job.pin)
         try:
-            result = await obstore.get_async(self._store, req.path, options=options)  # type: ignore[arg-type]
+            result = await obstore.get_async(self._store, req.path, options=options)
         except Exception as exc:
             if job.buf is None and self.classify(exc).kind is FaultKind.RANGE:
                 return b""
@@ -153,7 +154,7 @@ class ObstoreBackend(Backend):
             )
 
     async def put(self, path: str, data: Buffer) -> None:
-        await obstore.put_async(self._store, path, data)  # type: ignore[arg-type]
+        await obstore.put_async(self._store, path, data)
         self.counters.add("bytes_written", len(memoryview(data)))
 
     async def delete(self, path: str) -> None:

@@ -17,10 +17,14 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastdata.config import StoreConfig
 from fastdata.errors import AccessDeniedError, ConfigError
+
+if TYPE_CHECKING:
+    import botocore.credentials
+    import botocore.session
 
 __all__ = ["ObstoreS3Settings", "obstore_s3_settings", "unsupported_options"]
 
@@ -108,7 +112,7 @@ class ObstoreS3Settings:
 class _BotocoreCredentials:
     """An obstore credential provider backed by botocore's credential chain."""
 
-    def __init__(self, credentials: Any, *, refreshing: bool) -> None:
+    def __init__(self, credentials: botocore.credentials.Credentials, *, refreshing: bool) -> None:
         self._credentials = credentials
         self._refreshing = refreshing
 
@@ -190,7 +194,10 @@ def obstore_s3_settings(
 
 
 def _credentials(
-    session: Any, options: Mapping[str, Any], client: Mapping[str, Any], bucket: str
+    session: botocore.session.Session,
+    options: Mapping[str, Any],
+    client: Mapping[str, Any],
+    bucket: str,
 ) -> tuple[_BotocoreCredentials, tuple[str, ...]]:
     import botocore.credentials
 
@@ -202,20 +209,20 @@ def _credentials(
             f"storage_options for s3://{bucket} give only one of key/secret: give both, "
             "or neither to use the AWS environment"
         )
-    if key:
+    if key and secret:
         creds = botocore.credentials.Credentials(key, secret, token)
         return _BotocoreCredentials(creds, refreshing=False), _secret_strings(key, secret, token)
-    creds = session.get_credentials()
-    if creds is None:
+    found = session.get_credentials()
+    if found is None:
         raise AccessDeniedError(
             f"access denied to s3://{bucket}: no AWS credentials found; set storage_options "
             "key/secret, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE, or "
             "anon=True for a public bucket"
         )
-    frozen = creds.get_frozen_credentials()
-    refreshing = isinstance(creds, botocore.credentials.RefreshableCredentials)
+    frozen = found.get_frozen_credentials()
+    refreshing = isinstance(found, botocore.credentials.RefreshableCredentials)
     return (
-        _BotocoreCredentials(creds, refreshing=refreshing),
+        _BotocoreCredentials(found, refreshing=refreshing),
         _secret_strings(frozen.access_key, frozen.secret_key, frozen.token),
     )
 

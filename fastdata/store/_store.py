@@ -10,13 +10,14 @@ child gets follows NOTE[obstore-fork].
 from __future__ import annotations
 
 import asyncio
+import builtins
 import functools
 import logging
 import os
 import random
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
@@ -130,7 +131,7 @@ class Store:
         """The backend this process uses (or will use) for this store."""
         proc = self._proc
         if proc is not None and proc.pid == os.getpid():
-            return proc.backend.name  # type: ignore[return-value]
+            return proc.backend.name
         if self._preferred == "obstore" and not _obstore.runtime_usable():
             return "fsspec"
         return self._preferred
@@ -205,9 +206,9 @@ class Store:
     def _target(self, path: str) -> str:
         return f"{self.url}/{path}" if path else self.url
 
-    def _run(self, op: Callable[[_Process], Awaitable[Any]]) -> Any:
+    def _run(self, op: Callable[[_Process], Coroutine[Any, Any, Any]]) -> Any:
         proc = self._state()
-        return proc.loop.run(op(proc))  # type: ignore[arg-type]
+        return proc.loop.run(op(proc))
 
     # -- the API -------------------------------------------------------------------------
 
@@ -262,7 +263,7 @@ class Store:
         result: ObjectInfo = self._run(run)
         return result
 
-    def get_many(self, requests: Sequence[ByteRange]) -> list[Buffer]:
+    def get_many(self, requests: Sequence[ByteRange]) -> builtins.list[Buffer]:
         """Read many byte ranges concurrently; the results come back in request order.
 
         At most ``config.max_concurrency`` requests are in flight. Each item supports the

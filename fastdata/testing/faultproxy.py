@@ -30,8 +30,9 @@ import threading
 import time
 import urllib.parse
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Literal
@@ -361,7 +362,7 @@ class FaultProxy:
     # -- used by the handler -----------------------------------------------------------
 
     def _begin(
-        self, method: str, path: str, headers: Mapping[str, str]
+        self, method: str, path: str, headers: Message[str, str]
     ) -> tuple[Fault | None, Callable[[], None] | None]:
         with self._lock:
             state = self._state
@@ -465,7 +466,7 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
 
         def _read_request_body(self) -> bytes:
             if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-                parts = []
+                parts: list[bytes] = []
                 while True:
                     size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
                     if size == 0:

@@ -188,7 +188,8 @@ class SeaweedServer:
     def _answers(self) -> bool:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.s3_port}/", timeout=2) as resp:
-                return 200 <= resp.status < 500
+                status: int = resp.status
+                return 200 <= status < 500
         except urllib.error.HTTPError as exc:
             return exc.code < 500
         except (OSError, ValueError):
