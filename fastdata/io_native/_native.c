@@ -27,7 +27,7 @@ static PyMethodDef fd_methods[] = {
 };
 
 static const char *const fd_dtype_names[FD_NUM_DTYPES] = {
-    "bool", "int8", "uint8", "int16", "uint16", "int32", "uint32",
+    "bool",  "int8",   "uint8",   "int16",   "uint16",  "int32",     "uint32",
     "int64", "uint64", "float16", "float32", "float64", "complex64", "complex128",
 };
 

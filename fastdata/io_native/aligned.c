@@ -48,8 +48,8 @@ static Py_ssize_t fd_aligned_len(PyObject *obj) {
 
 static PyObject *fd_aligned_repr(PyObject *obj) {
     fd_aligned *self = (fd_aligned *)obj;
-    return PyUnicode_FromFormat("AlignedBuffer(nbytes=%zd, alignment=%zd, exports=%zd)",
-                                self->nbytes, self->alignment, __atomic_load_n(&self->exports, __ATOMIC_RELAXED));
+    return PyUnicode_FromFormat("AlignedBuffer(nbytes=%zd, alignment=%zd, exports=%zd)", self->nbytes, self->alignment,
+                                __atomic_load_n(&self->exports, __ATOMIC_RELAXED));
 }
 
 static PyObject *fd_aligned_get_address(PyObject *obj, void *closure) {

@@ -7,8 +7,8 @@
 #include <string.h>
 
 /* Parse positional/keyword arguments into values[] (borrowed references). */
-int fd_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
-                   const char *const *names, Py_ssize_t nnames, Py_ssize_t nrequired, PyObject **values) {
+int fd_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const char *const *names,
+            Py_ssize_t nnames, Py_ssize_t nrequired, PyObject **values) {
     if (nargs > nnames) {
         PyErr_Format(PyExc_TypeError, "%s() takes at most %zd arguments (%zd given)", fname, nnames, nargs);
         return -1;
@@ -118,4 +118,3 @@ void fd_raise_decode(fd_state *st, const fd_failure *f) {
         Py_DECREF(exc);
     }
 }
-

@@ -40,13 +40,13 @@ static inline uint64_t fd_load64(const uint8_t *p) {
 
 /* The register after 8 zero bytes, with slicing-by-8. */
 static inline uint32_t fd_zeros8(const fd_crc *crc, uint32_t c) {
-    const uint32_t(*t)[256] = crc->table;
+    const uint32_t (*t)[256] = crc->table;
     return t[7][c & 0xFF] ^ t[6][(c >> 8) & 0xFF] ^ t[5][(c >> 16) & 0xFF] ^ t[4][c >> 24];
 }
 
 /* The register after 2**k zero bytes (NOTE[crc-streams]). */
 static inline uint32_t fd_zeros(const fd_crc *crc, int k, uint32_t c) {
-    const uint32_t(*z)[256] = crc->zeros[k - FD_CRC_MIN_STREAM_LOG];
+    const uint32_t (*z)[256] = crc->zeros[k - FD_CRC_MIN_STREAM_LOG];
     return z[0][c & 0xFF] ^ z[1][(c >> 8) & 0xFF] ^ z[2][(c >> 16) & 0xFF] ^ z[3][c >> 24];
 }
 
@@ -104,7 +104,7 @@ void fd_crc_init(fd_crc *crc) {
 
 /* Slicing-by-8 over n bytes from register c; with dst, each word is also stored to dst. */
 static uint32_t fd_crc_table(const fd_crc *crc, uint32_t c, uint8_t *dst, const uint8_t *p, size_t n) {
-    const uint32_t(*t)[256] = crc->table;
+    const uint32_t (*t)[256] = crc->table;
     while (n >= 8) {
         uint32_t lo, hi;
         memcpy(&lo, p, 4);
@@ -118,8 +118,8 @@ static uint32_t fd_crc_table(const fd_crc *crc, uint32_t c, uint8_t *dst, const 
         hi = __builtin_bswap32(hi);
 #endif
         lo ^= c;
-        c = t[7][lo & 0xFF] ^ t[6][(lo >> 8) & 0xFF] ^ t[5][(lo >> 16) & 0xFF] ^ t[4][lo >> 24] ^
-            t[3][hi & 0xFF] ^ t[2][(hi >> 8) & 0xFF] ^ t[1][(hi >> 16) & 0xFF] ^ t[0][hi >> 24];
+        c = t[7][lo & 0xFF] ^ t[6][(lo >> 8) & 0xFF] ^ t[5][(lo >> 16) & 0xFF] ^ t[4][lo >> 24] ^ t[3][hi & 0xFF] ^
+            t[2][(hi >> 8) & 0xFF] ^ t[1][(hi >> 16) & 0xFF] ^ t[0][hi >> 24];
         p += 8;
         n -= 8;
     }
@@ -264,8 +264,7 @@ uint32_t fd_crc32c(const fd_crc *crc, int method, uint32_t value, const uint8_t 
     return ~fd_crc_table(crc, c, NULL, data, len);
 }
 
-uint32_t fd_crc32c_copy(const fd_crc *crc, int method, uint32_t value, uint8_t *dst, const uint8_t *src,
-                        size_t len) {
+uint32_t fd_crc32c_copy(const fd_crc *crc, int method, uint32_t value, uint8_t *dst, const uint8_t *src, size_t len) {
     uint32_t c = ~value;
 #ifdef FD_HAVE_X86_CRC
     if (crc->hardware && crc->avx2 && method == FD_CRC_AUTO) {

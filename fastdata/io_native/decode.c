@@ -226,4 +226,3 @@ done:
     fd_sources_release(&src);
     return result;
 }
-

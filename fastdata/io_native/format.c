@@ -106,8 +106,8 @@ static uint64_t fd_first_nonzero(const fd_record *rec, uint64_t start, uint64_t 
 
 /* Check one zstd frame's structure in [start, start + size) without decompressing.
  * Returns NULL when it is well formed, else the spec's reason (written into buf). */
-static const char *fd_zstd_frame_problem(const fd_record *rec, uint64_t start, uint64_t size, uint64_t raw,
-                                         char *buf, size_t buf_size) {
+static const char *fd_zstd_frame_problem(const fd_record *rec, uint64_t start, uint64_t size, uint64_t raw, char *buf,
+                                         size_t buf_size) {
     const uint8_t *p = fd_at(rec, start, size);
     if (p == NULL || size < 5) {
         return "zstd frame header is truncated";
@@ -143,8 +143,8 @@ static const char *fd_zstd_frame_problem(const fd_record *rec, uint64_t start, u
     }
     uint64_t content = fd_le(p + pos, (int)fcs_bytes) + (fcs_bytes == 2 ? 256 : 0);
     if (content != raw) {
-        snprintf(buf, buf_size, "zstd frame declares %" PRIu64 " bytes but the shape and dtype need %" PRIu64,
-                 content, raw);
+        snprintf(buf, buf_size, "zstd frame declares %" PRIu64 " bytes but the shape and dtype need %" PRIu64, content,
+                 raw);
         return buf;
     }
     pos += fcs_bytes;
@@ -275,8 +275,9 @@ static int fd_check_shape_and_name(fd_record *rec, fd_field *f, uint64_t p, uint
         uint64_t q = p + FD_ENTRY_BYTES + 8 * (uint64_t)j;
         uint64_t dim = fd_le(fd_at(rec, q, 8), 8);
         if (dim > FD_MAX_FIELD_BYTES) {
-            return fd_problem_set(problem, q, "field %" PRIu32 ": dimension %" PRIu32 " is %" PRIu64
-                                  ", above the limit of 2**40", k, j, dim);
+            return fd_problem_set(problem, q,
+                                  "field %" PRIu32 ": dimension %" PRIu32 " is %" PRIu64 ", above the limit of 2**40",
+                                  k, j, dim);
         }
         if (dim != 0 && raw > FD_MAX_FIELD_BYTES / dim) {
             return fd_problem_set(problem, q, "field %" PRIu32 ": shape holds more than 2**40 bytes", k);

@@ -45,8 +45,8 @@ static void fd_locate(const fd_sources *s, const uint8_t *want, uint64_t want_by
     for (Py_ssize_t i = 0; i < s->count; i++) {
         fd_record rec;
         fd_field f;
-        int found = 0, status = fd_record_open(&rec, s->views[i].buf, (uint64_t)s->views[i].len, verify, crc,
-                                               &fail->problem);
+        int found = 0,
+            status = fd_record_open(&rec, s->views[i].buf, (uint64_t)s->views[i].len, verify, crc, &fail->problem);
         while (status == 0 && (status = fd_record_next(&rec, &f, &fail->problem)) == 1) {
             if (f.name_bytes == want_bytes && memcmp(f.name, want, want_bytes) == 0) {
                 fd_span *sp = &spans[i];
@@ -135,8 +135,8 @@ static void fd_copy(const fd_span *spans, Py_ssize_t count, uint8_t *dst, const 
             if (crc != NULL && fd_span_bad(crc, spans, i, NULL, fail)) {
                 break;
             }
-            size_t got = zstd->decompress_dctx(dctx, dst + pos, (size_t)sp->raw_bytes, sp->payload,
-                                               (size_t)sp->payload_bytes);
+            size_t got =
+                zstd->decompress_dctx(dctx, dst + pos, (size_t)sp->raw_bytes, sp->payload, (size_t)sp->payload_bytes);
             if (zstd->is_error(got) || got != sp->raw_bytes) {
                 fd_problem_set(&fail->problem, sp->payload_offset,
                                "field %" PRIu32 ": zstd payload does not decompress to its declared %" PRIu64 " bytes",

@@ -52,13 +52,13 @@ typedef struct {
 } fd_zstd_api;
 
 typedef struct {
-    PyObject *decode_error;      /* fastdata.io_native._errors.DecodeError (strong ref) */
-    PyObject *codec_error;       /* fastdata.io_native._errors.CodecUnavailableError (strong ref) */
-    PyTypeObject *aligned_type;  /* AlignedBuffer heap type (strong ref) */
+    PyObject *decode_error;       /* fastdata.io_native._errors.DecodeError (strong ref) */
+    PyObject *codec_error;        /* fastdata.io_native._errors.CodecUnavailableError (strong ref) */
+    PyTypeObject *aligned_type;   /* AlignedBuffer heap type (strong ref) */
     PyThread_type_lock zstd_lock; /* guards the zstd_* fields below */
-    int zstd_status;             /* 0 not tried, 1 loaded, -1 failed */
-    fd_zstd_api zstd;            /* valid when zstd_status == 1; libraries are never closed */
-    char zstd_problem[400];      /* why loading failed, when zstd_status == -1 */
+    int zstd_status;              /* 0 not tried, 1 loaded, -1 failed */
+    fd_zstd_api zstd;             /* valid when zstd_status == 1; libraries are never closed */
+    char zstd_problem[400];       /* why loading failed, when zstd_status == -1 */
     fd_crc crc;
 } fd_state;
 
@@ -121,16 +121,15 @@ uint32_t fd_crc32c(const fd_crc *crc, int method, uint32_t value, const uint8_t 
 /* Extends value over src[0, len) while copying it to dst (not overlapping src), in one pass
  * (NOTE[crc-copy] in crc32c.c). FD_CRC_AUTO picks the fastest kernel, FD_CRC_HARDWARE the
  * SSE4.2 one without AVX2 moves, FD_CRC_TABLE slicing-by-8. */
-uint32_t fd_crc32c_copy(const fd_crc *crc, int method, uint32_t value, uint8_t *dst, const uint8_t *src,
-                        size_t len);
+uint32_t fd_crc32c_copy(const fd_crc *crc, int method, uint32_t value, uint8_t *dst, const uint8_t *src, size_t len);
 
 /* zstd.c: called with the GIL held. */
 int fd_zstd_load(fd_state *st, const char *soname);
 int fd_zstd_snapshot(fd_state *st, fd_zstd_api *api);
 
 /* common.c: called with the GIL held. */
-int fd_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
-            const char *const *names, Py_ssize_t nnames, Py_ssize_t nrequired, PyObject **values);
+int fd_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const char *const *names,
+            Py_ssize_t nnames, Py_ssize_t nrequired, PyObject **values);
 void fd_type_error(const char *what, PyObject *obj, const char *rest);
 int fd_sources_acquire(fd_sources *s, PyObject *buffers);
 void fd_sources_release(fd_sources *s);

@@ -36,8 +36,8 @@ int fd_zstd_load(fd_state *st, const char *soname) {
         snprintf(problem, sizeof(problem), "%s", why ? why : "dlopen failed");
     }
     ok = ok && fd_sym(handle, "ZSTD_versionString", &api.version, sizeof(api.version), problem, sizeof(problem)) == 0;
-    ok = ok && fd_sym(handle, "ZSTD_createDCtx", &api.create_dctx, sizeof(api.create_dctx), problem,
-                      sizeof(problem)) == 0;
+    ok = ok &&
+         fd_sym(handle, "ZSTD_createDCtx", &api.create_dctx, sizeof(api.create_dctx), problem, sizeof(problem)) == 0;
     ok = ok && fd_sym(handle, "ZSTD_freeDCtx", &api.free_dctx, sizeof(api.free_dctx), problem, sizeof(problem)) == 0;
     ok = ok && fd_sym(handle, "ZSTD_decompressDCtx", &api.decompress_dctx, sizeof(api.decompress_dctx), problem,
                       sizeof(problem)) == 0;
