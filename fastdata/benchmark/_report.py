@@ -164,10 +164,20 @@ def summary_line(result: dict[str, Any]) -> str:
         f"({base0['p50'] / max(warm['p50'], 1e-6):,.0f}x): median wait per batch of "
         f"{batch} with a {config['step_ms']:g} ms training step, torch DataLoader + s3fs "
         f"(num_workers=0) vs fastdata warm (LMDB, page cache dropped). With num_workers=2 "
-        f"the baseline's median is {base2['p50']:,.1f} ms and its mean {base2['mean']:,.0f} ms "
+        f"the baseline's median is {_ms(base2['p50'])} ms and its mean {_ms(base2['mean'])} ms "
         f"(its two workers deliver batches in pairs); fastdata warm's mean is "
-        f"{warm['mean']:.2f} ms ({base2['mean'] / max(warm['mean'], 1e-6):,.0f}x less)."
+        f"{_ms(warm['mean'])} ms ({_compare(base2['mean'], warm['mean'])})."
     )
+
+
+def _compare(baseline: float, ours: float) -> str:
+    """``"46x less"``, or ``"1.4x more"`` when fastdata waited longer (a --quick run, where
+    the baseline's workers read the few batches ahead while they started)."""
+    if ours <= 0 or baseline >= ours:
+        ratio = baseline / max(ours, 1e-6)
+        return f"{ratio:,.0f}x less" if ratio >= 10 else f"{ratio:.1f}x less"
+    ratio = ours / max(baseline, 1e-6)
+    return f"{ratio:,.0f}x more" if ratio >= 10 else f"{ratio:.1f}x more"
 
 
 def _size(nbytes: int) -> str:

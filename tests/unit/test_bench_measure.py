@@ -9,7 +9,7 @@ import pytest
 
 from fastdata.benchmark import BenchConfig, config_from_flags
 from fastdata.benchmark._measure import PassResult, percentiles, run_pass
-from fastdata.benchmark._report import build_result
+from fastdata.benchmark._report import build_result, summary_line
 from fastdata.benchmark._systems import SystemRun
 from fastdata.errors import ConfigError
 
@@ -142,6 +142,34 @@ def test_ratios_targets_and_summary_follow_the_figures(quick: bool) -> None:
     assert applies["cold time to first batch <= 0.5 s"]
     # Median of 1000 ms (0 workers) against 0.1 ms (warm).
     assert result["summary"].startswith("data-loading latency 1,000 ms -> 0.10 ms (10,000x)")
+
+
+def _summary(base2_mean: float, warm_mean: float) -> str:
+    def waits(p50: float, mean: float) -> dict[str, float]:
+        return {"p50": p50, "mean": mean}
+
+    return summary_line(
+        {
+            "config": {"batch_size": 64, "sample_bytes": 16 * 1024, "step_ms": 20.0},
+            "systems": {
+                "baseline_w0": {"batch_wait_ms": waits(334.0, 330.0)},
+                "baseline_w2": {"batch_wait_ms": waits(0.2, base2_mean)},
+                "fastdata_warm": {"batch_wait_ms": waits(0.09, warm_mean)},
+            },
+        }
+    )
+
+
+def test_summary_says_less_or_more_and_never_rounds_a_wait_to_zero() -> None:
+    line = _summary(447.0, 9.15)
+    assert "its mean 447 ms" in line
+    assert "fastdata warm's mean is 9.15 ms (49x less)." in line
+    assert "(1.5x less)" in _summary(1.5, 1.0)
+    # A --quick run: the baseline's workers read the few batches ahead while starting.
+    line = _summary(0.3, 0.63)
+    assert "its mean 0.30 ms" in line
+    assert "fastdata warm's mean is 0.63 ms (2.1x more)." in line
+    assert "0x" not in line
 
 
 def test_host_info_says_at_debug_what_it_could_not_read(
