@@ -43,8 +43,9 @@ __all__ = [
     "scan_with_reuse",
 ]
 
-FieldValue: TypeAlias = bytes | str | int | float | np.ndarray | np.generic
-"""One field of a sample: bytes, str, an int or float (or numpy scalar), or an array."""
+FieldValue: TypeAlias = bytes | memoryview | str | int | float | np.ndarray | np.generic
+"""One field of a sample: bytes (or a zero-copy memoryview of a response), str, an int or
+float (or numpy scalar), or an array."""
 
 ROW_DTYPE = np.dtype(
     [("obj", "<u4"), ("aux", "<u4"), ("offset", "<u8"), ("length", "<u8")], align=False

@@ -89,7 +89,13 @@ class FilesLayout:
         return rows["offset"], rows["offset"] + rows["length"]
 
     def decode_unit(self, unit: UnitView) -> list[Sample]:
-        """``{"data": bytes}`` (plus ``label``) for each row; the object is the unit."""
+        """``{"data": ...}`` (plus ``label``) for each row; the object is the unit.
+
+        ``data`` is the response itself when it is ``bytes``, else a zero-copy
+        ``memoryview`` of it (an obstore buffer): the record encoder copies it once into
+        the record, so a copy here would be a second pass and a second allocation over
+        every byte of a cold epoch.
+        """
         whole = unit.raw if type(unit.raw) is bytes and len(unit.raw) == len(unit.view) else None
         out: list[Sample] = []
         for offset, length, aux in zip(
@@ -99,10 +105,11 @@ class FilesLayout:
             strict=True,
         ):
             begin = offset - unit.start
+            data: bytes | memoryview
             if whole is not None and begin == 0 and length == len(whole):
                 data = whole
             else:
-                data = bytes(unit.view[begin : begin + length])
+                data = unit.view[begin : begin + length]
             sample: dict[str, Any] = {"data": data}
             if self.labels:
                 sample["label"] = int(aux)
