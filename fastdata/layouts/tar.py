@@ -368,7 +368,8 @@ class TarLayout:
         return rows["offset"], rows["offset"] + rows["length"]
 
     def decode_unit(self, unit: UnitView) -> list[Sample]:
-        """One dict per row: each member's extension maps to its bytes."""
+        """One dict per row: each member's extension maps to its bytes (a zero-copy
+        ``memoryview`` of the response)."""
         out: list[Sample] = []
         for offset, length, sid in zip(
             unit.rows["offset"].tolist(),
@@ -394,9 +395,10 @@ class TarLayout:
             if split is None or (self.fields is not None and split[1] not in self.fields):
                 continue
             begin = member.data_start - unit.start
-            data = unit.view[begin : begin + member.size].tobytes()
+            # A zero-copy view of the response: the record encoder copies it once.
+            data = unit.view[begin : begin + member.size]
             if split[1] == "cls" and self.decode_cls:
-                sample["cls"] = _decode_cls(data, unit.path, member.data_start, sid)
+                sample["cls"] = _decode_cls(data.tobytes(), unit.path, member.data_start, sid)
             else:
                 sample[split[1]] = data
         return sample
