@@ -26,7 +26,7 @@ import numpy as np
 
 from fastdata import record
 from fastdata._pagecache import drop_page_cache
-from fastdata.benchmark._measure import percentiles
+from fastdata.benchmark._measure import percentiles, process_cpu_s, server_cpu_s
 from fastdata.cache.lmdb_tier import HEADER_BYTES
 from fastdata.config import StoreConfig
 from fastdata.index import SampleIndex
@@ -70,17 +70,21 @@ def store_ceiling(
     *,
     payload_bytes: int,
     concurrencies: Sequence[int],
+    cpu: dict[int, tuple[float, float | None]] | None = None,
 ) -> dict[int, float]:
     """Payload MB/s of ``Store.get_many`` over ``requests`` at each concurrency.
 
     Each concurrency gets a fresh store, a warm-up request (connections), then every
-    request once, in calls of 1024 requests.
+    request once, in calls of 1024 requests. When ``cpu`` is a dict, it receives, per
+    concurrency, the CPU seconds of this process and of the watched server
+    (``watch_server``) over the timed reads.
     """
     out: dict[int, float] = {}
     for c in concurrencies:
         config = StoreConfig(max_concurrency=c)
         with Store(url, storage_options=storage_options, config=config) as store:
             store.get_many(list(requests[: min(c, len(requests))]))
+            cpu_before, server_before = process_cpu_s(), server_cpu_s()
             started = time.perf_counter()
             got = 0
             for first in range(0, len(requests), _CHUNK_REQUESTS):
@@ -88,6 +92,14 @@ def store_ceiling(
                 got += sum(memoryview(p).nbytes for p in parts)
                 del parts
             seconds = time.perf_counter() - started
+            if cpu is not None:
+                server_after = server_cpu_s()
+                cpu[c] = (
+                    process_cpu_s() - cpu_before,
+                    None
+                    if server_before is None or server_after is None
+                    else server_after - server_before,
+                )
         if got < payload_bytes:
             raise RuntimeError(f"the store returned {got} bytes, expected {payload_bytes}")
         out[c] = payload_bytes / seconds / 1e6

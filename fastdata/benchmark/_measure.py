@@ -19,6 +19,11 @@ NOTE[bench-pass]: a *pass* is one loop over a loader as a training script writes
 * Per-batch waits (p50/p90/p99/max) are the ``next()`` times of the step pass from the
   second batch on: the first batch's wait is the start-up, reported as TTFB. The stall
   fraction is every wait, the first included, divided by the pass's wall time.
+* CPU: each pass also records the CPU seconds of this process and of its reaped children
+  (``getrusage``: the baseline's worker processes are joined when its iterator closes,
+  so their CPU counts) and, while :func:`watch_server` names the embedded server, that
+  server's CPU seconds (``/proc/<pid>/stat``). On a small machine the client and the
+  server share the cores, so CPU per sample says what a ratio alone cannot.
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import resource
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,10 +46,64 @@ _log = logging.getLogger(__name__)
 __all__ = [
     "PassResult",
     "combine",
+    "cpu_per_sample_ms",
     "host_info",
     "percentiles",
+    "pid_cpu_s",
+    "process_cpu_s",
     "run_pass",
+    "server_cpu_s",
+    "watch_server",
 ]
+
+#: PID of the server whose CPU the passes record (``watch_server``), else ``None``.
+_server_pid: int | None = None
+
+
+def process_cpu_s() -> float:
+    """User + system CPU seconds of this process and of its children that were reaped."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def pid_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` from ``/proc/<pid>/stat``; ``None``
+    where that cannot be read (not Linux, the process is gone)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+        # Fields after the command name, which is in parentheses and may hold spaces:
+        # state is field 3, utime and stime are fields 14 and 15 (1-based).
+        fields = text.rsplit(")", 1)[1].split()
+        ticks = int(fields[11]) + int(fields[12])
+        return ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def server_cpu_s() -> float | None:
+    """CPU seconds of the watched server so far, or ``None`` when none is watched."""
+    return None if _server_pid is None else pid_cpu_s(_server_pid)
+
+
+@contextmanager
+def watch_server(pid: int | None) -> Iterator[None]:
+    """Record the CPU of process ``pid`` (the embedded server) in every pass meanwhile."""
+    global _server_pid
+    previous, _server_pid = _server_pid, pid
+    try:
+        yield
+    finally:
+        _server_pid = previous
+
+
+def _spent(before: float | None, after: float | None) -> float | None:
+    return None if before is None or after is None else max(after - before, 0.0)
+
+
+def cpu_per_sample_ms(cpu_s: float | None, samples: int) -> float | None:
+    """Milliseconds of CPU per sample, ``None`` when unknown or nothing was read."""
+    return None if cpu_s is None or samples <= 0 else cpu_s * 1e3 / samples
 
 
 @dataclass
@@ -62,6 +123,10 @@ class PassResult:
     """``next()`` time of every batch, the first included."""
     step_s: float = 0.0
     """The simulated step after each batch."""
+    cpu_s: float = 0.0
+    """CPU seconds of this process and its reaped children during the pass."""
+    server_cpu_s: float | None = None
+    """CPU seconds of the watched server during the pass (``None``: none watched)."""
 
     @property
     def stall_fraction(self) -> float:
@@ -105,10 +170,11 @@ def run_pass(
         count: Samples in one batch.
 
     Returns:
-        Samples, batches, wall time, TTFB and per-batch waits.
+        Samples, batches, wall time, TTFB, per-batch waits and CPU seconds.
     """
     waits: list[float] = []
     samples = 0
+    cpu_before, server_before = process_cpu_s(), server_cpu_s()
     started = time.perf_counter()
     it = iter(loader)
     last = first_at = started
@@ -133,7 +199,16 @@ def run_pass(
         if close is not None:
             close()
         del it  # torch's multi-process iterator stops its workers when collected
-    return PassResult(samples, len(waits), last - started, first_at - started, waits, step_s)
+    return PassResult(
+        samples,
+        len(waits),
+        last - started,
+        first_at - started,
+        waits,
+        step_s,
+        cpu_s=max(process_cpu_s() - cpu_before, 0.0),
+        server_cpu_s=_spent(server_before, server_cpu_s()),
+    )
 
 
 def combine(passes: Sequence[PassResult]) -> PassResult:
@@ -144,6 +219,12 @@ def combine(passes: Sequence[PassResult]) -> PassResult:
         seconds=sum(p.seconds for p in passes),
         ttfb_s=passes[0].ttfb_s,
         waits_s=[w for p in passes for w in p.waits_s],
+        cpu_s=sum(p.cpu_s for p in passes),
+        server_cpu_s=(
+            None
+            if any(p.server_cpu_s is None for p in passes)
+            else sum(p.server_cpu_s or 0.0 for p in passes)
+        ),
     )
 
 

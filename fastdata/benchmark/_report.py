@@ -8,7 +8,7 @@ The JSON shape is the one of issue 8, with more keys beside it::
      "systems": {"baseline_w0" | "baseline_w2" | "fastdata_cold" | "fastdata_warm" |
                  "fastdata_hot": {"samples", "samples_per_s", "mb_per_s", "ttfb_s",
                                   "batch_wait_ms": {"p50", "p90", "p99", "max"},
-                                  "stall_fraction", ...}},
+                                  "stall_fraction", "cpu_ms_per_sample", ...}},
      "ratios": {...}, "targets": [...], "summary": "data-loading latency ..."}
 """
 
@@ -18,10 +18,10 @@ import time
 from typing import Any
 
 from fastdata.benchmark._config import BenchConfig
-from fastdata.benchmark._measure import percentiles
+from fastdata.benchmark._measure import cpu_per_sample_ms, percentiles
 from fastdata.benchmark._systems import SystemRun
 
-__all__ = ["SYSTEMS", "build_result", "print_report", "summary_line"]
+__all__ = ["SYSTEMS", "build_result", "cpu_line", "print_report", "summary_line"]
 
 SYSTEMS = ("baseline_w0", "baseline_w2", "fastdata_cold", "fastdata_warm", "fastdata_hot")
 _LABELS = {
@@ -67,6 +67,11 @@ def _system_dict(config: BenchConfig, run: SystemRun) -> dict[str, Any]:
             "step_ms": step.step_s * 1000,
         },
         "batch_waits_ms": [w * 1000 for w in step.waits_s],
+        # The throughput pass's CPU (NOTE[bench-pass]); server: None unless embedded.
+        "cpu_ms_per_sample": {
+            "client": cpu_per_sample_ms(tp.cpu_s, tp.samples),
+            "server": cpu_per_sample_ms(tp.server_cpu_s, tp.samples),
+        },
     }
     if run.open_s:
         out["open_s"] = run.open_s
@@ -234,6 +239,7 @@ def print_report(result: dict[str, Any], console: Any = None) -> None:
         f"({limits['page_cache']}; {limits['lmdb_read_hot_mb_per_s']:,.1f} MB/s in memory); "
         f"memcpy {limits['memcpy_gb_per_s']:.1f} GB/s"
     )
+    console.print(cpu_line(result))
     console.print(
         f"dataset open (listing + index): {result['open_s']:.3f} s; upload "
         f"{result['upload_s']:.1f} s; whole run {result['total_s']:.1f} s"
@@ -253,3 +259,23 @@ def print_report(result: dict[str, Any], console: Any = None) -> None:
 
 def _ms(value: float) -> str:
     return f"{value:.2f}" if value < 100 else f"{value:,.0f}"
+
+
+def cpu_line(result: dict[str, Any]) -> str:
+    """CPU ms per sample, client / server, of the store ceiling and each throughput pass.
+
+    The client figure is this process plus the baseline's worker processes; the server
+    figure is the embedded server's (``-`` against an external endpoint).
+    """
+
+    def pair(cpu: dict[str, float | None] | None) -> str:
+        if not cpu:
+            return "-"
+        return " / ".join(
+            "-" if cpu.get(k) is None else f"{cpu[k]:.3f}" for k in ("client", "server")
+        )
+
+    parts = [f"store ceiling {pair(result['limits'].get('store_cpu_ms_per_sample'))}"]
+    for name, figures in result["systems"].items():
+        parts.append(f"{_LABELS.get(name, name)} {pair(figures.get('cpu_ms_per_sample'))}")
+    return "CPU ms per sample, client / server (throughput passes): " + "; ".join(parts)

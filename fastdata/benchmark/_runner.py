@@ -26,7 +26,7 @@ from fastdata.benchmark import _limits
 from fastdata.benchmark._baseline import S3SampleDataset, run_baseline
 from fastdata.benchmark._config import BenchConfig
 from fastdata.benchmark._data import BenchData, generate
-from fastdata.benchmark._measure import host_info
+from fastdata.benchmark._measure import cpu_per_sample_ms, host_info, watch_server
 from fastdata.benchmark._report import build_result
 from fastdata.benchmark._systems import SystemRun, open_dataset, run_cold, run_hot, run_warm
 from fastdata.config import CacheConfig, format_size
@@ -85,10 +85,12 @@ def run_benchmark(
     server, options = _server_options(config)
     work = Path(tempfile.mkdtemp(prefix="fastdata-bench-"))
     data: BenchData | None = None
+    server_pid = server.process.pid if server is not None and server.process else None
     try:
         say(f"writing {config.samples} samples x {config.sample_bytes} bytes ({config.layout})")
         data = generate(config, options)
-        measured = _measure_all(config, data, work, say)
+        with watch_server(server_pid):
+            measured = _measure_all(config, data, work, say)
     finally:
         if data is not None:
             data.delete()
@@ -215,13 +217,16 @@ def _store_limits(
         concurrencies=concurrencies,
     )
     best = max(by_c, key=by_c.__getitem__)
+    cpu: dict[int, tuple[float, float | None]] = {}
     full = _limits.store_ceiling(
         data.url,
         data.storage_options,
         requests,
         payload_bytes=config.dataset_bytes,
         concurrencies=(best,),
+        cpu=cpu,
     )
+    client_s, server_s = cpu[best]
     say("single GET latency")
     latency = _limits.get_latency_ms(
         data.url, data.storage_options, requests, 20 if config.quick else 200
@@ -230,6 +235,10 @@ def _store_limits(
         "store_get_mb_per_s": full[best],
         "store_best_concurrency": best,
         "store_sweep_mb_per_s": {str(c): v for c, v in by_c.items()},
+        "store_cpu_ms_per_sample": {
+            "client": cpu_per_sample_ms(client_s, len(requests)),
+            "server": cpu_per_sample_ms(server_s, len(requests)),
+        },
         "get_latency_ms": latency,
     }
 

@@ -70,6 +70,17 @@ def check_result(result: dict[str, Any]) -> None:
     assert systems["fastdata_hot"]["store_samples"] == 0
     assert {t["target"] for t in result["targets"]} >= {"cold time to first batch <= 0.5 s"}
     assert "ms ->" in result["summary"]
+    # CPU per sample: the client's always; the server's only for the embedded one.
+    embedded = result["config"]["endpoint"].startswith("embedded")
+    for cpu in [limits["store_cpu_ms_per_sample"]] + [
+        s["cpu_ms_per_sample"] for s in systems.values()
+    ]:
+        assert cpu["client"] > 0, cpu
+        assert (
+            (cpu["server"] is not None and cpu["server"] >= 0)
+            if embedded
+            else cpu["server"] is None
+        )
 
 
 def test_quick_run_on_the_embedded_server_writes_complete_sane_json(tmp_path: Path) -> None:

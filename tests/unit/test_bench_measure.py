@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 
 import pytest
 
 from fastdata.benchmark import BenchConfig, config_from_flags
-from fastdata.benchmark._measure import PassResult, percentiles, run_pass
-from fastdata.benchmark._report import build_result, summary_line
+from fastdata.benchmark._measure import (
+    PassResult,
+    combine,
+    cpu_per_sample_ms,
+    percentiles,
+    pid_cpu_s,
+    run_pass,
+    watch_server,
+)
+from fastdata.benchmark._report import build_result, cpu_line, summary_line
 from fastdata.benchmark._systems import SystemRun
 from fastdata.errors import ConfigError
 
@@ -81,6 +90,42 @@ def test_run_pass_stops_after_max_batches_and_closes_the_iterator() -> None:
         next(gen)
 
 
+def _busy_batches(count: int) -> Iterator[list[int]]:
+    for _ in range(count):
+        sum(range(200_000))  # CPU, not sleep
+        yield [0, 1]
+
+
+def test_run_pass_records_this_process_cpu_and_the_watched_server() -> None:
+    result = run_pass(_busy_batches(5), count=len)
+    assert result.samples == 10
+    assert 0 < result.cpu_s <= result.seconds * (os.cpu_count() or 1) + 0.05
+    assert result.server_cpu_s is None  # no server watched
+    with watch_server(os.getpid()):  # this process stands in for the server
+        watched = run_pass(_busy_batches(5), count=len)
+    assert watched.server_cpu_s is not None
+    assert watched.server_cpu_s >= 0
+    assert run_pass(_busy_batches(1), count=len).server_cpu_s is None  # watch ended
+
+
+def test_cpu_of_a_process_and_per_sample() -> None:
+    own = pid_cpu_s(os.getpid())
+    assert own is not None
+    assert own > 0
+    assert pid_cpu_s(2**22 + 12345) is None  # above any Linux pid_max: no such process
+    assert cpu_per_sample_ms(1.0, 1000) == pytest.approx(1.0)
+    assert cpu_per_sample_ms(None, 1000) is None
+    assert cpu_per_sample_ms(1.0, 0) is None
+
+
+def test_combine_sums_cpu_and_keeps_an_unknown_server_unknown() -> None:
+    a = PassResult(4, 2, 1.0, 0.1, [0.1, 0.2], cpu_s=0.5, server_cpu_s=0.25)
+    b = PassResult(4, 2, 1.0, 0.1, [0.1, 0.2], cpu_s=0.25, server_cpu_s=0.5)
+    both = combine([a, b])
+    assert (both.cpu_s, both.server_cpu_s) == (0.75, 0.75)
+    assert combine([a, PassResult(4, 2, 1.0, 0.1, [0.1], cpu_s=0.1)]).server_cpu_s is None
+
+
 def test_percentiles_are_in_milliseconds_and_ordered() -> None:
     got = percentiles([0.001 * i for i in range(1, 101)])
     assert got["p50"] == pytest.approx(50.5)
@@ -90,7 +135,8 @@ def test_percentiles_are_in_milliseconds_and_ordered() -> None:
 
 
 def _run(samples: int, seconds: float, ttfb: float, waits: list[float]) -> SystemRun:
-    tp = PassResult(samples, len(waits), seconds, ttfb, waits)
+    # CPU: as much as the wall time (one core busy), no server watched.
+    tp = PassResult(samples, len(waits), seconds, ttfb, waits, cpu_s=seconds)
     step = PassResult(samples, len(waits), seconds + 0.02 * len(waits), ttfb, waits, 0.02)
     return SystemRun(tp, step, store_samples=0)
 
@@ -142,6 +188,15 @@ def test_ratios_targets_and_summary_follow_the_figures(quick: bool) -> None:
     assert applies["cold time to first batch <= 0.5 s"]
     # Median of 1000 ms (0 workers) against 0.1 ms (warm).
     assert result["summary"].startswith("data-loading latency 1,000 ms -> 0.10 ms (10,000x)")
+    # CPU per sample of each throughput pass; unknown figures print as "-".
+    assert result["systems"]["fastdata_cold"]["cpu_ms_per_sample"] == {
+        "client": pytest.approx(0.8 * 1000 / 1024),
+        "server": None,
+    }
+    line = cpu_line(result)
+    assert line.startswith("CPU ms per sample, client / server (throughput passes): ")
+    assert "store ceiling -" in line
+    assert "fastdata cold 0.781 / -" in line
 
 
 def _summary(base2_mean: float, warm_mean: float) -> str:
