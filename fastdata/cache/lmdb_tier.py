@@ -596,13 +596,17 @@ class LmdbTier:
                 # NOTE[lmdb-gate]: a thread holding a lease cannot wait for the resize;
                 # it admits what fits now and the map grows once its leases close.
                 grow = handle.grow_map(full.wanted_bytes, wait=waitable)
+                if not grow and waitable:
+                    self._warn_stuck(handle)
             except lmdb.MapFullError:
                 if handle.map_size < handle.budget_map_bytes and handle.grow_map(
                     handle.map_size * 2, wait=waitable
                 ):
                     continue
                 if len(chunk) < 2 or depth >= _SPLIT_DEPTH:
-                    self._mark_full(handle)
+                    # Below the budget a waitable resize failed: the map cannot grow.
+                    stuck = waitable and handle.map_size < handle.budget_map_bytes
+                    self._mark_full(handle, stuck=stuck)
                     return 0, 0, chunk
                 # A smaller write copies fewer leaf pages: try the halves.
                 mid = len(chunk) // 2
@@ -686,14 +690,32 @@ class LmdbTier:
                 self._full_mark = None
         return in_use, min(room, self._disk_room(handle, in_use)), tree_pages
 
-    def _mark_full(self, handle: _env.EnvHandle) -> None:
+    def _mark_full(self, handle: _env.EnvHandle, *, stuck: bool = False) -> None:
+        """Admit only into freed space for a while. At the budget that is the policy at
+        work (logged at INFO); ``stuck`` (the map could not grow toward the budget) is a
+        degradation, warned once."""
         try:
             with handle.shared(), handle.env.begin() as txn:
                 in_use = _pages_in_use(handle, txn)[0] * handle.psize
         except lmdb.Error:
             return
         self._full_mark = (in_use, time.monotonic())
+        if stuck:
+            self._warn_stuck(handle)
+            return
         _log.info("LMDB cache %s is full at %d bytes in use; admitting no more", self.root, in_use)
+
+    def _warn_stuck(self, handle: _env.EnvHandle) -> None:
+        """One warning per tier: the map is below the budget and a resize failed."""
+        self._warn_once(
+            "map-full",
+            "LMDB cache %s map is full at %d bytes and could not grow toward its %d-byte "
+            "budget; serving what it holds and admitting only what fits (see "
+            "stats().rejections)",
+            self.root,
+            handle.map_size,
+            handle.budget_map_bytes,
+        )
 
     def _disk_room(self, handle: _env.EnvHandle, in_use: int) -> int:
         try:

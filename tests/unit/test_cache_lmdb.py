@@ -266,6 +266,30 @@ def test_disk_full_rejects_writes_warns_once_and_keeps_reading(
     assert len(warnings) == 1
 
 
+def test_a_map_that_cannot_grow_rejects_warns_once_and_keeps_reading(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The map starts at 64 MiB; the budget is far above it, but every resize fails (as
+    # when another process holds the environment open for longer than the wait).
+    monkeypatch.setattr(_env.EnvHandle, "_resize", lambda self, new_size, *, wait: False)
+    with (
+        caplog.at_level(logging.WARNING),
+        LmdbTier(config_in(tmp_path / "cache", max_bytes=1024**3)) as t,
+    ):
+        admitted = sum(
+            t.put_many([item(i, size=1_000_000) for i in range(start, start + 10)])
+            for start in range(0, 100, 10)
+        )
+        stats = t.stats()
+        assert 0 < admitted < 100  # about 64 of 100 MB fit
+        assert stats.rejections == 100 - admitted
+        got = read_all(t, [make_key(DATASET, 0)], [fingerprint(0)])
+        assert got == [make_record(0, 0, 1_000_000)]
+    warnings = [r for r in caplog.records if "could not grow" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "budget" in warnings[0].getMessage()
+
+
 def test_read_only_directory_falls_through_with_one_warning(
     tmp_path: Path,
     tmpfs,
