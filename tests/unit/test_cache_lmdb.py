@@ -311,15 +311,22 @@ def test_read_only_directory_falls_through_with_one_warning(
     assert len([r for r in caplog.records if "unavailable" in r.getMessage()]) == 1
 
 
-def test_missing_directory_that_cannot_be_created_falls_through(tmp_path: Path) -> None:
+def test_missing_directory_that_cannot_be_created_falls_through(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_bytes(b"not a directory")
     config = config_in(blocker / "cache")
     source = FakeSource(5)
-    with ReadThroughCache([RamTier(config), LmdbTier(config)], source, config=config) as cache:
-        with cache.get_many([1, 2]) as lease:
-            assert [bytes(b) for b in lease.buffers] == [source.expected(1), source.expected(2)]
-        assert cache.stats().tiers[1].fall_throughs == 2
+    with (
+        caplog.at_level(logging.WARNING),
+        ReadThroughCache([RamTier(config), LmdbTier(config)], source, config=config) as cache,
+    ):
+        for ids in ([1, 2], [3, 4]):
+            with cache.get_many(ids) as lease:
+                assert [bytes(b) for b in lease.buffers] == [source.expected(i) for i in ids]
+        assert cache.stats().tiers[1].fall_throughs == 4
+    assert len([r for r in caplog.records if "unavailable" in r.getMessage()]) == 1
 
 
 def test_writemap_is_never_used(tier: LmdbTier) -> None:
