@@ -26,6 +26,7 @@ calls find nothing. A pickled tier unpickles open (it pickles as its config).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import operator
 import os
@@ -95,6 +96,31 @@ _DATASET_OF = operator.itemgetter(slice(0, DATASET_ID_BYTES))
 def entry_header(key: bytes, fingerprint: bytes, record_nbytes: int) -> bytes:
     """The 48-byte header stored in front of a record."""
     return _HEADER.pack(_MAGIC, record_nbytes, key, fingerprint)
+
+
+_HEAD_OF = operator.itemgetter(slice(0, HEADER_BYTES))
+_RECORD_OF = operator.itemgetter(slice(HEADER_BYTES, None))
+
+
+def _all_current(
+    views: list[Any], keys: Sequence[bytes], fingerprints: Sequence[bytes]
+) -> list[Any] | None:
+    """Every view's record when every header is the one expected (the warm batch),
+    else ``None``: the caller then classifies each entry (miss, stale, corrupt).
+
+    NOTE[lmdb-bulk-header]: the expected headers are packed and the stored ones joined
+    in two C-level passes and compared once, instead of a Python step per entry (about
+    1.3 us each for 256 entries, a tenth of a warm 100 KiB batch).
+    """
+    if None in views:
+        return None
+    lengths = [n - HEADER_BYTES for n in map(len, views)]
+    if min(lengths, default=0) < 0:
+        return None
+    expected = b"".join(map(_HEADER.pack, itertools.repeat(_MAGIC), lengths, keys, fingerprints))
+    if b"".join(map(_HEAD_OF, views)) != expected:
+        return None
+    return list(map(_RECORD_OF, views))
 
 
 class _Full(Exception):
@@ -367,9 +393,15 @@ class LmdbTier:
         faults = self._advice(self._readahead.before_gets, handle, txn, keys)
         views = list(map(txn.get, keys))
         self._advice(self._readahead.after_gets, faults)
-        buffers: list[Any] = [None] * len(keys)
+        buffers = _all_current(views, keys, fingerprints)
+        if buffers is not None:
+            bad = self._verify(buffers) if verify else []
+            for i in bad:
+                buffers[i] = None
+            return buffers, 0, bad
+        buffers = [None] * len(keys)
         stale = 0
-        bad: list[int] = []
+        bad = []
         pack = _HEADER.pack
         for i, view in enumerate(views):
             if view is None:

@@ -329,6 +329,32 @@ def test_missing_directory_that_cannot_be_created_falls_through(
     assert len([r for r in caplog.records if "unavailable" in r.getMessage()]) == 1
 
 
+def test_a_batch_mixing_current_stale_missing_and_corrupt_entries_is_classified(
+    tier: LmdbTier,
+) -> None:
+    # NOTE[lmdb-bulk-header]: an all-current batch takes one bulk header check; any other
+    # entry sends the whole batch through the per-entry classification.
+    tier.put_many([item(i) for i in range(6)])
+    handle = tier._get_handle()
+    assert handle is not None
+    with handle.env.begin(write=True, db=handle.records) as txn:  # corrupt entry 4's header
+        value = bytearray(txn.get(make_key(DATASET, 4)))
+        value[20] ^= 0xFF
+        txn.put(make_key(DATASET, 4), bytes(value))
+    ids = [0, 1, 2, 3, 4, 5, 99]
+    fps = [fingerprint(i, version=1 if i == 2 else 0) for i in ids]  # 2: another version
+    with tier.get_many([make_key(DATASET, i) for i in ids], fps) as lease:
+        got = [None if b is None else bytes(b) for b in lease.buffers]
+    assert got == [make_record(0), make_record(1), None, make_record(3), None, make_record(5), None]
+    stats = tier.stats()
+    assert (stats.hits, stats.stale, stats.corruptions) == (4, 1, 1)
+    # All current: the bulk path hands out the same records.
+    with tier.get_many(
+        [make_key(DATASET, i) for i in (5, 0, 3)], [fingerprint(i) for i in (5, 0, 3)]
+    ) as lease:
+        assert [bytes(b) for b in lease.buffers] == [make_record(5), make_record(0), make_record(3)]
+
+
 def test_writemap_is_never_used(tier: LmdbTier) -> None:
     tier.put_many([item(1)])
     handle = tier._get_handle()
