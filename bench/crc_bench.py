@@ -25,36 +25,19 @@ Times are medians of interleaved repetitions. ``--quick`` runs every part at a t
 
 from __future__ import annotations
 
-import argparse
 import importlib
-import json
-import statistics
 import sys
-import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import google_crc32c
 import numpy as np
+from decode_bench import bench_main, medians, print_rows  # a sibling script
 
 from fastdata.record import encode
 
 native = importlib.import_module("fastdata.io_native._native")
 BATCH = 256
-
-
-def _medians(calls: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
-    """Median seconds per call; the calls take turns so that drift hits all alike."""
-    for call in calls.values():
-        call()
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(repeats):
-        for name, call in calls.items():
-            t0 = time.perf_counter()
-            call()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def _loop(fn: Callable[[], Any], times: int) -> Callable[[], None]:
@@ -69,7 +52,7 @@ def crc_part(size: int, total_bytes: int, repeats: int) -> dict[str, Any]:
     data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
     calls = max(1, total_bytes // size)
     assert native.crc32c(data) == native.crc32c(data, method="table") == google_crc32c.value(data)
-    seconds = _medians(
+    seconds = medians(
         {
             "auto": _loop(lambda: native.crc32c(data), calls),
             "table": _loop(lambda: native.crc32c(data, method="table"), calls),
@@ -99,7 +82,7 @@ def copy_part(size: int, total_bytes: int, repeats: int) -> dict[str, Any]:
         dst[:] = 0
         assert native.crc32c(data, method=method, out=dst) == expected
         assert (dst == data).all()
-    seconds = _medians(
+    seconds = medians(
         {
             "auto": _loop(lambda: native.crc32c(data, out=dst), calls),
             "hardware": _loop(lambda: native.crc32c(data, method="hardware", out=dst), calls),
@@ -138,7 +121,7 @@ def gather_part(pool_records: int, batches: int, repeats: int) -> dict[str, Any]
 
         return each
 
-    seconds = _medians(
+    seconds = medians(
         {"verified": run(True), "plain": run(False), "check_then_copy": run(None)}, repeats
     )
     gbps = {k: nbytes / s / 1e9 for k, s in seconds.items()}
@@ -185,9 +168,7 @@ def print_table(result: dict[str, Any]) -> None:
         ("  (check, then copy)", f"{gather['check_then_copy_GBps']:.2f} GB/s", "", "",
          "before", ""),
     ]  # fmt: skip
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)))
+    print_rows(rows)
     big = gather["pool_bytes"] > 64 * 2**20
     print(
         f"gather: {gather['batches']} batches from {gather['pool_bytes'] / 2**20:.0f} MiB of "
@@ -196,17 +177,7 @@ def print_table(result: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, no targets (CI)")
-    parser.add_argument("--json", type=Path, help="write the results here")
-    args = parser.parse_args(argv)
-    result = build(args.quick)
-    print_table(result)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2, default=bool))
-    if args.quick:
-        return 0
-    return 0 if all(part.get("ok", True) for part in result["parts"]) else 1
+    return bench_main(__doc__, build, print_table, argv)
 
 
 if __name__ == "__main__":

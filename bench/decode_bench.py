@@ -46,7 +46,7 @@ native = importlib.import_module("fastdata.io_native._native")
 pure = importlib.import_module("fastdata.io_native._pure")
 
 
-def _medians(calls: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+def medians(calls: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
     """Median seconds per call; the calls take turns so that drift hits all alike."""
     for call in calls.values():
         call()
@@ -76,7 +76,7 @@ def copy_part(name: str, records: list[bytes], field: str, repeats: int) -> dict
     nbytes = sum(v.nbytes for v in views)
     out = native.aligned_empty(nbytes)
     dst = np.frombuffer(out, np.uint8)
-    seconds = _medians(
+    seconds = medians(
         {
             "gather": lambda: native.gather(records, field, out),
             "numpy": lambda: np.concatenate(views, out=dst),
@@ -107,7 +107,7 @@ def records_part(records: list[bytes], repeats: int) -> dict[str, Any]:
         mod.decode_batch(records)
         mod.gather(records, "data", out)
 
-    seconds = _medians(
+    seconds = medians(
         {
             "native": lambda: both(native),
             "collate": lambda: record.collate(records),
@@ -115,7 +115,7 @@ def records_part(records: list[bytes], repeats: int) -> dict[str, Any]:
         },
         repeats,
     )
-    seconds |= _medians({"pure": lambda: both(pure)}, max(3, repeats // 5))
+    seconds |= medians({"pure": lambda: both(pure)}, max(3, repeats // 5))
     rate = {k: len(records) / s for k, s in seconds.items()}
     return {
         "part": "records 1KiB",
@@ -135,7 +135,7 @@ def zstd_part(records: list[bytes], repeats: int) -> dict[str, Any]:
     raw = int(np.frombuffer(native.decode_batch(records)[2], np.int64).reshape(-1, 16)[:, 7].sum())
     out = native.aligned_empty(raw)
     dctx = zstandard.ZstdDecompressor()
-    seconds = _medians(
+    seconds = medians(
         {
             "gather": lambda: native.gather(records, "data", out),
             "zstandard": lambda: [dctx.decompress(f) for f in frames],
@@ -146,7 +146,7 @@ def zstd_part(records: list[bytes], repeats: int) -> dict[str, Any]:
     libzstd = pure._libzstd
     pure._libzstd = lambda: None  # the fallback when libzstd.so.1 does not load
     try:
-        seconds |= _medians({"pure_zstandard": lambda: pure.gather(records, "data", out)}, repeats)
+        seconds |= medians({"pure_zstandard": lambda: pure.gather(records, "data", out)}, repeats)
     finally:
         pure._libzstd = libzstd
     gbps = {k: raw / s / 1e9 for k, s in seconds.items()}
@@ -212,17 +212,28 @@ def print_table(result: dict[str, Any]) -> None:
         ("  (pure, libzstd)", f"{z['pure_libzstd_GBps']:.2f} GB/s", "", "", "reference", ""),
         ("  (pure, zstandard)", f"{z['pure_zstandard_GBps']:.2f} GB/s", "", "", "fallback", ""),
     ]  # fmt: skip
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)))
+    print_rows(rows)
     print(
         f"zstd: native libzstd {z['libzstd']}, zstandard's zstd {z['zstandard_zstd']}; "
         f"compressed {z['compressed_bytes'] / z['bytes']:.2f} of raw"
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def print_rows(rows: list[tuple[Any, ...]]) -> None:
+    """Left-aligned columns, two spaces apart."""
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)))
+
+
+def bench_main(
+    doc: str,
+    build: Callable[[bool], dict[str, Any]],
+    print_table: Callable[[dict[str, Any]], None],
+    argv: list[str] | None = None,
+) -> int:
+    """``--quick`` and ``--json``; exit 1 when a full run misses a part's target."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, no targets (CI)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
@@ -232,7 +243,11 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(result, indent=2, default=bool))
     if args.quick:
         return 0
-    return 0 if all(part["ok"] for part in result["parts"]) else 1
+    return 0 if all(part.get("ok", True) for part in result["parts"]) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main(__doc__, build, print_table, argv)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ import argparse
 import asyncio
 import json
 import os
-import resource
 import sys
 import threading
 import time
@@ -51,6 +50,7 @@ import obstore
 import s3fs
 from obstore.store import S3Store
 
+from fastdata.benchmark import process_cpu_s
 from fastdata.config import StoreConfig
 from fastdata.store import ByteRange, Store
 from fastdata.testing.seaweedfs import SeaweedServer
@@ -92,11 +92,6 @@ class Result:
     cpu_ms_per_request: float
 
 
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 class _Loop:
     """An event loop in a thread of its own, for the raw obstore contenders."""
 
@@ -122,9 +117,9 @@ async def _gather(n: int, items: list[Any], fn: Callable[[Any], Any]) -> list[An
 
 
 def _timed(run: Callable[[], list[Any]], nbytes: int, nreq: int) -> tuple[float, float]:
-    cpu0, t0 = _cpu_s(), time.perf_counter()
+    cpu0, t0 = process_cpu_s(), time.perf_counter()
     out = run()
-    seconds, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
+    seconds, cpu = time.perf_counter() - t0, process_cpu_s() - cpu0
     got = sum(len(memoryview(b)) for b in out)
     if got != nbytes or len(out) != nreq:
         raise RuntimeError(f"contender returned {got} bytes in {len(out)} parts, not {nbytes}")
@@ -313,9 +308,9 @@ def list_part(options: dict[str, Any], sizes: Sizes, loop: _Loop) -> list[Result
         run()  # warm-up: the client's one-time setup
     for _ in range(sizes.repeats):
         for name, run in runs.items():
-            cpu0, t0 = _cpu_s(), time.perf_counter()
+            cpu0, t0 = process_cpu_s(), time.perf_counter()
             found = run()
-            samples[name].append((time.perf_counter() - t0, _cpu_s() - cpu0))
+            samples[name].append((time.perf_counter() - t0, process_cpu_s() - cpu0))
             if len(found) != sizes.list_count:
                 raise RuntimeError(f"{name} listed {len(found)} of {sizes.list_count}")
     fast.close()

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import sys
 import tempfile
@@ -44,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from fastdata import record
+from fastdata.benchmark import process_cpu_s
 from fastdata.cache import CacheItem, LmdbTier, make_key
 from fastdata.config import CacheConfig, FastdataConfig, StoreConfig
 from fastdata.store import ByteRange, Store
@@ -88,11 +88,6 @@ class Row:
     seconds: float
 
 
-def cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def upload(options: dict[str, Any], shape: Shape) -> tuple[str, list[str], int]:
     url = f"s3://{BUCKET}/{shape.name}"
     rng = np.random.default_rng(0)
@@ -107,9 +102,9 @@ def ceiling(options: dict[str, Any], url: str, paths: list[str], c: int, total: 
     config = StoreConfig(max_concurrency=c)
     with Store(url, storage_options=options, config=config) as store:
         store.get_many([ByteRange(paths[0])])  # connect before the clock starts
-        started, cpu = time.perf_counter(), cpu_s()
+        started, cpu = time.perf_counter(), process_cpu_s()
         out = store.get_many([ByteRange(p) for p in paths])
-        seconds, used = time.perf_counter() - started, cpu_s() - cpu
+        seconds, used = time.perf_counter() - started, process_cpu_s() - cpu
     if sum(memoryview(b).nbytes for b in out) != total:
         raise RuntimeError("get_many returned the wrong number of bytes")
     return Row("", "get_many", c, total / seconds / 1e6, used / (total / 1e9), seconds)
@@ -122,7 +117,7 @@ def write_floor(options: dict[str, Any], url: str, paths: list[str], total: int)
     with tempfile.TemporaryDirectory(prefix="warm-bench-") as cache_dir:
         config = CacheConfig(dir=cache_dir, max_bytes=4 * 1024**3, min_free_bytes=0)
         with LmdbTier(config) as tier:
-            started, cpu = time.perf_counter(), cpu_s()
+            started, cpu = time.perf_counter(), process_cpu_s()
             batch: list[CacheItem] = []
             batch_bytes = 0
             for i, blob in enumerate(blobs):
@@ -133,7 +128,7 @@ def write_floor(options: dict[str, Any], url: str, paths: list[str], total: int)
                     if tier.put_many(batch) != len(batch):
                         raise RuntimeError("the cache refused records in the write floor")
                     batch, batch_bytes = [], 0
-            seconds, used = time.perf_counter() - started, cpu_s() - cpu
+            seconds, used = time.perf_counter() - started, process_cpu_s() - cpu
     return Row("", "encode+put", 1, total / seconds / 1e6, used / (total / 1e9), seconds)
 
 
@@ -143,9 +138,9 @@ def warm_once(options: dict[str, Any], url: str, c: int, total: int) -> tuple[Ro
             cache=CacheConfig(dir=cache_dir, max_bytes=4 * 1024**3, min_free_bytes=0)
         )
         spec = DatasetSpec(url, layout="files", storage_options=options)
-        cpu = cpu_s()
+        cpu = process_cpu_s()
         result = warm(spec, config=config, options=WarmConfig(concurrency=c))
-        used = cpu_s() - cpu
+        used = process_cpu_s() - cpu
         if not result.complete or result.fetched != result.samples or result.bytes != total:
             raise RuntimeError(f"warm did not fetch the whole dataset once: {result}")
         started = time.perf_counter()

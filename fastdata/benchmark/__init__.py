@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from fastdata.benchmark._command import config_from_flags, run_command
 from fastdata.benchmark._config import BenchConfig
+from fastdata.benchmark._limits import raw_lmdb_read
+from fastdata.benchmark._measure import process_cpu_s
 from fastdata.benchmark._plot import plot
 from fastdata.benchmark._report import SYSTEMS, print_report
 from fastdata.benchmark._runner import run_benchmark
@@ -28,6 +30,8 @@ __all__ = [
     "config_from_flags",
     "plot",
     "print_report",
+    "process_cpu_s",
+    "raw_lmdb_read",
     "run_benchmark",
     "run_command",
 ]

@@ -47,6 +47,7 @@ __all__ = [
     "PassResult",
     "combine",
     "cpu_per_sample_ms",
+    "cpu_spent",
     "host_info",
     "percentiles",
     "pid_cpu_s",
@@ -97,7 +98,8 @@ def watch_server(pid: int | None) -> Iterator[None]:
         _server_pid = previous
 
 
-def _spent(before: float | None, after: float | None) -> float | None:
+def cpu_spent(before: float | None, after: float | None) -> float | None:
+    """CPU seconds between two readings; ``None`` when either is unknown."""
     return None if before is None or after is None else max(after - before, 0.0)
 
 
@@ -207,7 +209,7 @@ def run_pass(
         waits,
         step_s,
         cpu_s=max(process_cpu_s() - cpu_before, 0.0),
-        server_cpu_s=_spent(server_before, server_cpu_s()),
+        server_cpu_s=cpu_spent(server_before, server_cpu_s()),
     )
 
 
