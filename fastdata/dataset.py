@@ -38,6 +38,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata import record
 from fastdata.cache import ReadThroughCache, default_tiers
+from fastdata.cache.tier import reset_in_forked_child
 from fastdata.config import CacheConfig, FastdataConfig, parse_size
 from fastdata.errors import ConfigError
 from fastdata.index import SampleIndex, open_index
@@ -238,31 +239,31 @@ class Dataset(IterableDataset[Any]):
         self.epoch = 0
         self._shard_sizes: np.ndarray | None = None
         self._runtime: _Runtime | None = None
-        self._new_lock()
+        self._reset()
+        reset_in_forked_child(self)
 
     # -- pickling and per-process handles (NOTE[dataset-runtime]) ----------------------
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_runtime", "_runtime_lock", "_lock_pid", "_prefetchers"):
+        for name in ("_runtime", "_runtime_lock", "_prefetchers"):
             state[name] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._new_lock()
+        self._reset()
+        reset_in_forked_child(self)
 
-    def _new_lock(self) -> None:
+    def _reset(self) -> None:
+        """A new lock and no prefetchers: at construction, unpickling, and in every forked
+        child, where the parent's lock may have been held by one of its threads at the fork
+        and none of the parent's prefetchers run (``reset_in_forked_child``)."""
         self._runtime_lock = threading.Lock()
-        self._lock_pid = os.getpid()
         self._prefetchers: weakref.WeakSet[Prefetcher[np.ndarray, Any]] = weakref.WeakSet()
 
     def runtime(self) -> _Runtime:
         """This process's store, cache and pool, opened on first use."""
-        if self._lock_pid != os.getpid():
-            # A forked child: the parent's lock may have been held by one of its threads
-            # at the fork, and none of the parent's prefetchers run here.
-            self._new_lock()
         with self._runtime_lock:
             runtime = self._runtime
             if runtime is None or runtime.pid != os.getpid():
@@ -271,8 +272,6 @@ class Dataset(IterableDataset[Any]):
 
     def close(self) -> None:
         """Stop this process's prefetchers and close its handles; the next use opens new ones."""
-        if self._lock_pid != os.getpid():
-            self._new_lock()
         for prefetcher in list(self._prefetchers):
             prefetcher.close()
         with self._runtime_lock:
@@ -416,8 +415,6 @@ class Dataset(IterableDataset[Any]):
             config=self.config.prefetch,
             hint=hint,
         )
-        if self._lock_pid != os.getpid():
-            self._new_lock()
         self._prefetchers.add(prefetcher)
         return prefetcher
 

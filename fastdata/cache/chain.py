@@ -239,7 +239,10 @@ class ReadThroughCache:
             ConfigError: An id is out of range, or the source broke its contract.
             StoreError, CorruptRecordError: The source could not provide a sample.
         """
-        ids = self._check_ids(sample_ids)
+        return self._get_many(self._check_ids(sample_ids), defer_verify)
+
+    def _get_many(self, ids: list[int], defer_verify: bool) -> Lease:
+        """:meth:`get_many` of ids already checked by :meth:`_check_ids`."""
         self._register()
         keys = self.source.keys(ids)
         fingerprints = self.source.fingerprints(ids)
@@ -320,7 +323,7 @@ class ReadThroughCache:
             StoreError: The source could not provide a sample.
         """
         ids = self._check_ids(sample_ids)
-        with self.get_many(ids, defer_verify=True) as lease:
+        with self._get_many(ids, defer_verify=True) as lease:
             try:
                 return record.collate(
                     lease.buffers,
@@ -336,7 +339,7 @@ class ReadThroughCache:
                 if not bad:
                     raise
         self.drop_corrupt([ids[i] for i in bad])
-        with self.get_many(ids) as lease:
+        with self._get_many(ids, defer_verify=False) as lease:
             return record.collate(lease.buffers, fields=fields, alloc=alloc, sample_ids=ids)
 
     def _check_ids(self, sample_ids: SampleIds) -> list[int]:
