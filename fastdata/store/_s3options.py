@@ -26,7 +26,12 @@ if TYPE_CHECKING:
     import botocore.credentials
     import botocore.session
 
-__all__ = ["ObstoreS3Settings", "obstore_s3_settings", "unsupported_options"]
+__all__ = [
+    "ObstoreS3Settings",
+    "obstore_s3_settings",
+    "resolve_s3_endpoint",
+    "unsupported_options",
+]
 
 #: Top-level s3fs options that obstore honours, or that only tune fsspec's own caches.
 _TOP_LEVEL = frozenset(
@@ -143,25 +148,7 @@ def obstore_s3_settings(
     client = dict(options.get("client_kwargs") or {})
     cfg = dict(options.get("config_kwargs") or {})
     session = botocore.session.Session(profile=options.get("profile"))
-    endpoint = options.get("endpoint_url") or client.get("endpoint_url")
-    region = (
-        client.get("region_name")
-        or cfg.get("region_name")
-        or session.get_config_variable("region")
-        or "us-east-1"
-    )
-    if endpoint is None:
-        # botocore's own resolution: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the profile's
-        # endpoint_url. Dummy credentials keep the probe from searching for real ones.
-        probe = session.create_client(
-            "s3",
-            region_name=region,
-            aws_access_key_id="probe",
-            aws_secret_access_key="probe",
-        )
-        resolved = probe.meta.endpoint_url
-        if "amazonaws.com" not in resolved:
-            endpoint = resolved
+    endpoint, region = _endpoint_and_region(session, options)
     s3_config: dict[str, Any] = {"region": region}
     if endpoint:
         s3_config["endpoint"] = endpoint
@@ -191,6 +178,46 @@ def obstore_s3_settings(
         provider, secrets = _credentials(session, options, client, bucket)
         kwargs["credential_provider"] = provider
     return ObstoreS3Settings(kwargs, secrets, endpoint or f"AWS S3 ({region})")
+
+
+def resolve_s3_endpoint(options: Mapping[str, Any]) -> tuple[str | None, str]:
+    """``(endpoint, region)`` as botocore resolves them for ``options`` and the environment.
+
+    ``endpoint`` is ``None`` for AWS S3 itself (then the region says where). The store's
+    identity (``Store.identity``) is made of this answer, so two endpoints that serve the
+    same bucket names never share cache entries.
+    """
+    import botocore.session
+
+    session = botocore.session.Session(profile=options.get("profile"))
+    return _endpoint_and_region(session, options)
+
+
+def _endpoint_and_region(
+    session: botocore.session.Session, options: Mapping[str, Any]
+) -> tuple[str | None, str]:
+    client = dict(options.get("client_kwargs") or {})
+    cfg = dict(options.get("config_kwargs") or {})
+    endpoint = options.get("endpoint_url") or client.get("endpoint_url")
+    region = (
+        client.get("region_name")
+        or cfg.get("region_name")
+        or session.get_config_variable("region")
+        or "us-east-1"
+    )
+    if endpoint is None:
+        # botocore's own resolution: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the profile's
+        # endpoint_url. Dummy credentials keep the probe from searching for real ones.
+        probe = session.create_client(
+            "s3",
+            region_name=region,
+            aws_access_key_id="probe",
+            aws_secret_access_key="probe",
+        )
+        resolved = probe.meta.endpoint_url
+        if "amazonaws.com" not in resolved:
+            endpoint = resolved
+    return endpoint, region
 
 
 def _credentials(

@@ -41,6 +41,7 @@ from fastdata.store._fsspec import FsspecBackend
 from fastdata.store._job import ReadJob
 from fastdata.store._loop import LoopThread, process_loop
 from fastdata.store._retry import Counters, RetryEnv, RetryPolicy, retrying
+from fastdata.store._s3options import resolve_s3_endpoint
 from fastdata.store._types import ByteRange, ObjectInfo, StoreStats, glob_to_regex
 
 if TYPE_CHECKING:
@@ -50,6 +51,14 @@ __all__ = ["Store"]
 
 log = logging.getLogger(__name__)
 _warned_fork_pid: int | None = None
+
+
+def _canonical_endpoint(endpoint: str) -> str:
+    """``endpoint`` with its scheme and host lower-cased and no trailing ``/``."""
+    scheme, sep, rest = str(endpoint).strip().partition("://")
+    host, slash, path = rest.partition("/")
+    text = f"{scheme.lower()}{sep}{host.lower()}{slash}{path}" if sep else endpoint.lower()
+    return text.rstrip("/")
 
 
 @dataclass
@@ -125,6 +134,26 @@ class Store:
 
     def __repr__(self) -> str:
         return f"Store({self.url!r}, backend={self.backend!r})"
+
+    @functools.cached_property
+    def identity(self) -> str:
+        """Which server and bucket this store reads: ``scheme://bucket@endpoint``.
+
+        For S3 the endpoint is the one botocore resolves from ``storage_options``, the
+        ``AWS_ENDPOINT_URL*`` variables and the profile (``aws:<region>`` for AWS S3
+        itself); for other protocols the ``endpoint_url`` option when one is given.
+        Cached bytes and saved indexes are keyed by it (docs/cache.md, "Keys"), so two
+        servers that hold the same bucket and key names never share an entry.
+        """
+        bucket = self._rest.partition("/")[0] if self.protocol != "file" else ""
+        if self.protocol in OBSTORE_PROTOCOLS:
+            endpoint, region = resolve_s3_endpoint(self.storage_options)
+            where = _canonical_endpoint(endpoint) if endpoint else f"aws:{region}"
+        else:
+            client = self.storage_options.get("client_kwargs") or {}
+            found = self.storage_options.get("endpoint_url") or client.get("endpoint_url")
+            where = _canonical_endpoint(found) if found else ""
+        return f"{self.protocol}://{bucket}@{where}"
 
     @property
     def backend(self) -> BackendName:
