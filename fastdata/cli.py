@@ -233,10 +233,11 @@ def _dataset_options(command: _F) -> _F:
         *_STORE_OPTIONS,
         click.option(
             "--consistency",
-            type=click.Choice(["immutable", "validate"]),
-            default="immutable",
+            type=click.Choice(["validate", "immutable"]),
+            default="validate",
             show_default=True,
-            help="Trust a saved index, or list the store and compare first.",
+            help="List the store and compare with the saved index (sees new and changed "
+            "objects), or trust the saved index without a request (huge, frozen datasets).",
         ),
         click.option(
             "--cache-dir",

@@ -41,9 +41,10 @@ from fastdata.cache import ReadThroughCache, default_tiers
 from fastdata.cache.tier import reset_in_forked_child
 from fastdata.config import CacheConfig, FastdataConfig, parse_size
 from fastdata.errors import ConfigError
-from fastdata.index import SampleIndex, open_index
+from fastdata.index import SampleIndex
 from fastdata.plan import EpochOrder, EpochPlan, PlanConfig, ShuffleMode
 from fastdata.prefetch import BufferPool, Prefetcher
+from fastdata.spec import DatasetSpec, epoch_order
 from fastdata.store import Store
 
 __all__ = ["Batch", "Dataset", "VarTensor", "split_batch"]
@@ -173,8 +174,10 @@ class Dataset(IterableDataset[Any]):
         storage_options: Passed to fsspec/obstore untouched (credentials, endpoint).
         transform: ``transform(sample_dict) -> anything``, applied per sample; batches
             are then made by the loader's ``collate_fn`` (torch's default_collate).
-        consistency: ``"immutable"`` trusts the saved index; ``"validate"`` re-lists the
-            source on open and treats changed objects as misses.
+        consistency: ``"validate"`` (default) lists the source on open, so added,
+            removed and overwritten objects are seen at once; ``"immutable"`` trusts the
+            saved index without a request (huge, frozen datasets; a changed object then
+            fails its read with ``ObjectChangedError`` instead of serving old bytes).
         strict: With ``validate``, refuse a changed dataset instead of warning.
         batch_size: Samples gathered per background fetch when iterating single samples.
         config: Full settings; the arguments above override its fields.
@@ -199,7 +202,7 @@ class Dataset(IterableDataset[Any]):
         seed: int = 0,
         storage_options: Mapping[str, Any] | None = None,
         transform: Callable[[dict[str, Any]], Any] | None = None,
-        consistency: Literal["immutable", "validate"] = "immutable",
+        consistency: Literal["validate", "immutable"] = "validate",
         strict: bool = False,
         batch_size: int = 64,
         config: FastdataConfig | None = None,
@@ -208,36 +211,27 @@ class Dataset(IterableDataset[Any]):
         super().__init__()
         if transform is not None and not callable(transform):
             raise ConfigError(f"transform must be callable, got {transform!r}")
-        if fields is not None and (
-            isinstance(fields, str) or not all(isinstance(f, str) for f in fields)
-        ):
-            raise ConfigError(f"fields must be a sequence of field names, got {fields!r}")
-        for name, value in (
-            ("storage_options", storage_options),
-            ("layout_options", layout_options),
-        ):
-            if value is not None and not isinstance(value, Mapping):
-                raise ConfigError(f"{name} must be a mapping (a dict), got {value!r}")
-        self.config = _merge_config(config, cache_dir, cache_bytes, ram_bytes)
-        self.shuffle: ShuffleMode = _shuffle_mode(shuffle)
-        self.plan_config = PlanConfig(batch_size=batch_size, seed=seed, shuffle=self.shuffle)
-        self.fields = list(fields) if fields is not None else None
-        self.transform = transform
-        self.storage_options = dict(storage_options or {})
-        self.index: SampleIndex = open_index(
+        self.spec = DatasetSpec(
             url,
             layout=layout,
             pattern=pattern,
-            fields=self.fields,
-            storage_options=self.storage_options,
-            store=Store(url, storage_options=self.storage_options, config=self.config.store),
-            cache_dir=self.config.cache.resolved_dir(),
+            fields=fields,
+            storage_options=storage_options,  # type: ignore[arg-type]  # checked by the spec
             consistency=consistency,
             strict=strict,
-            **dict(layout_options or {}),
+            layout_options=layout_options,  # type: ignore[arg-type]  # checked by the spec
+        )
+        """What this dataset is (shared with ``fastdata warm`` and the other tools)."""
+        self.config = _merge_config(config, cache_dir, cache_bytes, ram_bytes)
+        self.shuffle: ShuffleMode = _shuffle_mode(shuffle)
+        self.plan_config = PlanConfig(batch_size=batch_size, seed=seed, shuffle=self.shuffle)
+        self.fields = list(self.spec.fields) if self.spec.fields is not None else None
+        self.transform = transform
+        self.storage_options = dict(self.spec.storage_options)
+        self.index: SampleIndex = self.spec.open(
+            self.spec.store(self.config.store), self.config.cache.resolved_dir()
         )
         self.epoch = 0
-        self._shard_sizes: np.ndarray | None = None
         self._runtime: _Runtime | None = None
         self._reset()
         reset_in_forked_child(self)
@@ -321,17 +315,11 @@ class Dataset(IterableDataset[Any]):
 
     def order(self, epoch: int, config: PlanConfig | None = None) -> EpochOrder:
         """The canonical global order of ``epoch`` (same on every rank and worker)."""
-        config = config or self.plan_config
-        shard_sizes = self.shard_sizes() if config.shuffle == "shard_window" else None
-        return EpochOrder(len(self), config, epoch=epoch, shard_sizes=shard_sizes)
+        return epoch_order(self.index, config or self.plan_config, epoch)
 
     def shard_sizes(self) -> np.ndarray:
         """Samples per source object, in id order (the shards of ``shard_window``)."""
-        if self._shard_sizes is None:
-            objects = self.index.locations(np.arange(len(self)))["obj"]
-            boundaries = np.flatnonzero(np.diff(objects)) + 1
-            self._shard_sizes = np.diff(np.concatenate(([0], boundaries, [len(objects)])))
-        return self._shard_sizes
+        return self.index.shard_sizes()
 
     # -- batches -------------------------------------------------------------------------
 
@@ -354,6 +342,9 @@ class Dataset(IterableDataset[Any]):
             sample_ids, fields=self.fields, alloc=runtime.pool.acquire
         )
         batch: Batch = {name: _to_torch(value) for name, value in arrays.items()}
+        for name, values in self.index.index_fields(sample_ids).items():
+            if self.fields is None or name in self.fields:
+                batch[name] = torch.from_numpy(values)
         batch[ID_KEY] = torch.from_numpy(np.array(sample_ids, dtype=np.int64))
         return batch
 

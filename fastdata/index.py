@@ -3,9 +3,23 @@
 :func:`open_index` lists the dataset once, lets the layout scan it (tar headers, Parquet
 footers, packed footers; concurrently, through ``Store.get_many``) and saves the result
 under ``<cache_dir>/index/<request key>/<source fingerprint>/`` as compact arrays
-(``fastdata.layouts.table``). Later opens map those arrays: in ``immutable`` mode with
-no store request at all, in ``validate`` mode after one listing that is compared with the
-saved ETags and sizes. A :class:`SampleIndex` answers the cache layer's questions
+(``fastdata.layouts.table``). Later opens map those arrays: in ``validate`` mode (the
+default) after one listing that is compared with the saved ETags and sizes, so added,
+removed and overwritten objects are seen by the next open; in ``immutable`` mode with no
+store request at all.
+
+NOTE[cache-keys]: two identities, each derived here and nowhere else (docs/cache.md,
+"Keys"). The *sample table* is saved under a key made of the whole spec (URL, layout,
+pattern, fields, options) and the store's identity (``Store.identity``: scheme, resolved
+endpoint or region, bucket), so two servers never share a saved index. The *cached
+bytes* of a sample are keyed by what they are: an 8-byte namespace (the store's identity
+and the dataset root) and 8 bytes derived from the source object's version (path, size,
+ETag), the sample's byte range, and the layout settings that change the record
+(``Layout.record_options``). Two specs over the same objects (a warm without labels and a
+loader with labels, or two overlapping patterns) therefore share their cached records,
+and a changed object gets new keys. Each entry also carries a 16-byte fingerprint of the
+same facts (plus the store identity) that the tiers compare on every read, so a key
+collision is a miss, never wrong bytes. A :class:`SampleIndex` answers the cache layer's questions
 (``keys``, ``fingerprints``, ``read_samples``) batch by batch with numpy.
 
 Saving is atomic and safe between processes: NOTE[index-publish] in
@@ -14,12 +28,15 @@ Saving is atomic and safe between processes: NOTE[index-publish] in
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import tempfile
+import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -28,17 +45,19 @@ import numpy as np
 import numpy.typing as npt
 
 from fastdata.config import default_cache_dir
-from fastdata.errors import ConfigError, ObjectChangedError
+from fastdata.errors import CacheError, ConfigError, FastdataError, ObjectChangedError
 from fastdata.layouts import ROW_DTYPE, Layout, Sample, detect_layout, make_layout
 from fastdata.layouts.base import BuildResult, ObjectScan, UnitView, corrupt
 from fastdata.layouts.table import SampleTable, TableVersions
 from fastdata.store import ByteRange, ObjectInfo, Store, glob_to_regex
 
 __all__ = [
+    "CacheDirWarning",
     "DatasetChangedWarning",
     "IndexSource",
     "SampleIndex",
     "normalize_url",
+    "namespace_id",
     "open_index",
     "plan_units",
     "save_index",
@@ -58,6 +77,10 @@ _MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(
 
 class DatasetChangedWarning(UserWarning):
     """The dataset changed since its index was built (``consistency="validate"``)."""
+
+
+class CacheDirWarning(UserWarning):
+    """The cache directory cannot be written: fastdata works on, without saving there."""
 
 
 def normalize_url(url: str) -> str:
@@ -144,7 +167,12 @@ class SampleIndex:
         self.url: str = meta["url"]
         """The normalized dataset URL."""
         self.dataset_id: bytes = bytes.fromhex(meta["dataset_id"])
-        """8 bytes, stable for the same URL, layout, pattern and options."""
+        """8 bytes, the cache namespace of the dataset: a digest of the store identity and
+        the URL (NOTE[cache-keys]); every key of its samples starts with it."""
+        self.store_identity: str = meta["store_identity"]
+        """``Store.identity`` of the store the index was built from."""
+        self.built_at: float = float(meta.get("built_at", 0.0))
+        """When the index version was built (seconds since the epoch)."""
         self.fingerprint: str = meta["fingerprint"]
         """Digest of the source listing (paths, sizes, ETags)."""
         self.pattern: str = meta["pattern"]
@@ -156,6 +184,8 @@ class SampleIndex:
         """The layout that reads the samples."""
         self.storage_options = dict(storage_options or {})
         self._prefix = np.frombuffer(self.dataset_id, dtype=np.uint8)
+        self._recipe, self._salt = _key_words(self.store_identity, self.layout)
+        self._shard_sizes: np.ndarray | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_reopen, (str(self._table.directory), self.storage_options))
@@ -212,35 +242,75 @@ class SampleIndex:
             )
         return ids.astype(np.int64, copy=False)
 
+    def _content_words(self, sample_ids: Any) -> tuple[np.ndarray, ...]:
+        """Per sample: the object's digest halves, offset, length and content ``aux``."""
+        rows = self._table.rows[self._ids(sample_ids)]
+        objects = self._table.objects[rows["obj"]]
+        aux = rows["aux"].astype(np.uint64)
+        if not self.layout.aux_is_content:
+            aux = np.zeros_like(aux)
+        return objects["d0"], objects["d1"], rows["offset"], rows["length"], aux
+
     def keys(self, sample_ids: Any) -> list[bytes]:
-        """16-byte cache keys: the dataset id and the big-endian u64 sample id."""
-        ids = self._ids(sample_ids)
-        out = np.empty((len(ids), 16), dtype=np.uint8)
+        """16-byte cache keys: the namespace, then 8 bytes of the sample's source version.
+
+        NOTE[cache-keys]: the second half depends only on the object's version (path,
+        size, ETag), the sample's byte range and the record settings, never on the spec
+        that found the sample, so specs over the same objects share entries.
+        """
+        d0, d1, offset, length, aux = self._content_words(sample_ids)
+        word = _mix(d0 ^ _mix(d1 ^ _mix(offset ^ _mix(length ^ _mix(aux ^ self._recipe)))))
+        out = np.empty((len(word), 16), dtype=np.uint8)
         out[:, :8] = self._prefix
-        out[:, 8:] = ids.astype(">u8").view(np.uint8).reshape(-1, 8)
+        out[:, 8:] = word.astype(">u8").view(np.uint8).reshape(-1, 8)
         flat = out.tobytes()
         return [flat[i : i + 16] for i in range(0, len(flat), 16)]
 
     def fingerprints(self, sample_ids: Any) -> list[bytes]:
         """16 bytes per sample: its object's digest (path, size, ETag) mixed with its place.
 
-        The place (offset, length, layout field) makes a cached sample stale when ids
-        shift onto another sample of an unchanged object after the dataset changed.
+        The place (offset, length, content ``aux``), the record settings and the store
+        identity are mixed in, so an entry is served only for the very bytes it was
+        made from (NOTE[cache-keys]); a key that collides is a miss.
         """
-        rows = self._table.rows[self._ids(sample_ids)]
-        objects = self._table.objects[rows["obj"]]
-        words = np.empty((len(rows), 2), dtype="<u8")
-        words[:, 0] = objects["d0"] ^ _mix(rows["offset"] ^ _mix(rows["length"]))
-        words[:, 1] = objects["d1"] ^ _mix(rows["aux"].astype(np.uint64) ^ _mix(rows["offset"]))
+        d0, d1, offset, length, aux = self._content_words(sample_ids)
+        words = np.empty((len(d0), 2), dtype="<u8")
+        words[:, 0] = d0 ^ _mix(offset ^ _mix(length ^ self._salt[0]))
+        words[:, 1] = d1 ^ _mix(aux ^ _mix(offset ^ _mix(self._recipe ^ self._salt[1])))
         flat = words.tobytes()
         return [flat[i : i + 16] for i in range(0, len(flat), 16)]
 
-    def read_samples(self, store: Store, sample_ids: Any) -> list[Sample]:
+    def index_fields(self, sample_ids: Any) -> dict[str, np.ndarray]:
+        """Fields that come from the table rather than the fetched bytes (the files
+        layout's ``label``), one array per field in the order of ``sample_ids``."""
+        return self.layout.index_fields(self._table.rows[self._ids(sample_ids)])
+
+    def shard_sizes(self) -> np.ndarray:
+        """Samples per source object, in id order (the shards of ``shard_window``)."""
+        if self._shard_sizes is None:
+            objects = np.asarray(self._table.rows["obj"])
+            boundaries = np.flatnonzero(np.diff(objects)) + 1
+            self._shard_sizes = np.diff(np.concatenate(([0], boundaries, [len(objects)])))
+        return self._shard_sizes
+
+    def describe(self, sample_id: int) -> str:
+        """Where sample ``sample_id`` lives: ``object 'path' bytes [start, end)``."""
+        row = self._table.rows[self._ids([sample_id])[0]]
+        start, end = self.layout.fetch_spans(np.asarray([row]))
+        path = self._table.path(int(row["obj"]))
+        return f"object {path!r} bytes [{int(start[0])}, {int(end[0])}) of {self.url}"
+
+    def read_samples(
+        self, store: Store, sample_ids: Any, *, index_fields: bool = True
+    ) -> list[Sample]:
         """Fetch and decode samples, in the order of ``sample_ids``.
 
         The ids are grouped into fetch units (one object; a run of tar samples; a
         Parquet row group; a run of packed records), all fetched with one
-        ``store.get_many`` call, each pinned to the ETag the index saw.
+        ``store.get_many`` call, each pinned to the ETag the index saw. With
+        ``index_fields`` the fields that come from the table (the files layout's
+        ``label``) are added to each sample dict; the cache reads without them, so that
+        its records hold only what the fetched bytes say (NOTE[cache-keys]).
 
         Raises:
             ConfigError: An id is out of range.
@@ -268,6 +338,11 @@ class SampleIndex:
             unit = self._unit(span, req, raw, rows[members], ids[members])
             for i, sample in zip(members.tolist(), self.layout.decode_unit(unit), strict=True):
                 out[i] = sample
+        extra = self.layout.index_fields(rows) if index_fields else {}
+        for name, values in extra.items():
+            for sample, value in zip(out, values.tolist(), strict=True):
+                if isinstance(sample, dict):
+                    sample[name] = value
         # The units partition the ids, so every slot was filled above.
         return out  # type: ignore[return-value]
 
@@ -316,6 +391,12 @@ class SampleIndex:
         """
         if store is None:
             store = Store(self.url, storage_options=self.storage_options)
+        elif store.identity != self.store_identity:
+            raise ConfigError(
+                f"the index of {self.url} was built from {self.store_identity}, but the "
+                f"store given reads {store.identity}: open the index with that store's "
+                "storage options (each server has its own index and cache entries)"
+            )
         return IndexSource(self, store)
 
 
@@ -356,8 +437,13 @@ class IndexSource:
         return self.index.fingerprints(sample_ids)
 
     def read_samples(self, sample_ids: Any) -> list[Sample]:
-        """See :meth:`SampleIndex.read_samples`."""
-        return self.index.read_samples(self.store, sample_ids)
+        """The samples as :meth:`SampleIndex.read_samples` reads them, without the fields
+        that come from the table: what the cache stores (NOTE[cache-keys])."""
+        return self.index.read_samples(self.store, sample_ids, index_fields=False)
+
+    def describe(self, sample_id: int) -> str:
+        """See :meth:`SampleIndex.describe`."""
+        return self.index.describe(sample_id)
 
 
 class _Reuse:
@@ -374,10 +460,28 @@ class _Reuse:
         return ObjectScan(np.array(self._table.rows_of(i)), self._table.extra(i))
 
 
+def _key_words(
+    identity: str, layout: Layout
+) -> tuple[npt.NDArray[np.uint64], tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]]:
+    """The record-settings word of every key and the store-identity salt of every
+    fingerprint (NOTE[cache-keys])."""
+    recipe = json.dumps([layout.name, layout.record_options()], sort_keys=True)
+    r = hashlib.blake2b(recipe.encode(), digest_size=8, person=b"fastdata-recipe").digest()
+    salt = hashlib.blake2b(identity.encode(), digest_size=16, person=b"fastdata-store").digest()
+    words = np.frombuffer(salt, dtype="<u8")
+    return np.frombuffer(r, dtype="<u8")[:1], (words[:1], words[1:])
+
+
 def _spec_key(
-    url: str, layout: str | None, pattern: str | None, fields: Any, options: Mapping[str, Any]
+    identity: str,
+    url: str,
+    layout: str | None,
+    pattern: str | None,
+    fields: Any,
+    options: Mapping[str, Any],
 ) -> str:
     spec = {
+        "store": identity,
         "url": url,
         "layout": layout,
         "pattern": pattern,
@@ -388,10 +492,11 @@ def _spec_key(
     return hashlib.blake2b(text.encode(), digest_size=12, person=b"fastdata-spec").hexdigest()
 
 
-def _dataset_id(url: str, layout: Layout, pattern: str) -> bytes:
-    spec = {"url": url, "layout": layout.name, "pattern": pattern, "options": layout.options()}
-    text = json.dumps(spec, sort_keys=True)
-    return hashlib.blake2b(text.encode(), digest_size=8, person=b"fastdata-dataset").digest()
+def namespace_id(identity: str, url: str) -> bytes:
+    """The 8-byte cache namespace of the dataset root ``url`` on the store ``identity``
+    (the first half of every key of its samples; NOTE[cache-keys])."""
+    text = json.dumps({"store": identity, "url": url}, sort_keys=True)
+    return hashlib.blake2b(text.encode(), digest_size=8, person=b"fastdata-ns").digest()
 
 
 def _fingerprint(dataset_id: bytes, objects: Sequence[ObjectInfo]) -> str:
@@ -406,13 +511,17 @@ def _fingerprint(dataset_id: bytes, objects: Sequence[ObjectInfo]) -> str:
 class _Selection:
     """The listing of a dataset with its resolved layout, pattern and identities."""
 
-    def __init__(self, url: str, objects: list[ObjectInfo], layout: Layout, pattern: str) -> None:
+    def __init__(
+        self, identity: str, url: str, objects: list[ObjectInfo], layout: Layout, pattern: str
+    ) -> None:
+        self.identity = identity
         self.url = url
         self.objects = sorted(objects, key=lambda o: o.path.encode("utf-8", "surrogateescape"))
         self.layout = layout
         self.pattern = pattern
-        self.dataset_id = _dataset_id(url, layout, pattern)
-        self.fingerprint = _fingerprint(self.dataset_id, self.objects)
+        self.dataset_id = namespace_id(identity, url)
+        spec = json.dumps([layout.name, layout.options(), pattern], sort_keys=True).encode()
+        self.fingerprint = _fingerprint(self.dataset_id + spec, self.objects)
 
 
 @dataclass(frozen=True)
@@ -428,7 +537,9 @@ class _Request:
     storage_options: Mapping[str, Any] | None
 
     def key(self) -> str:
-        return _spec_key(self.url, self.layout, self.pattern, self.fields, self.options)
+        return _spec_key(
+            self.store.identity, self.url, self.layout, self.pattern, self.fields, self.options
+        )
 
     def wrap(self, table: SampleTable | None) -> SampleIndex | None:
         return None if table is None else SampleIndex(table, storage_options=self.storage_options)
@@ -451,7 +562,7 @@ class _Request:
                 f"no objects under {self.url!r} match {used!r}: check the URL, the pattern "
                 "and the credentials"
             )
-        return _Selection(self.url, listing, chosen, used)
+        return _Selection(self.store.identity, self.url, listing, chosen, used)
 
 
 def _report_changes(old: SampleIndex, new: _Selection, strict: bool) -> None:
@@ -503,6 +614,8 @@ def _save(versions: TableVersions, selection: _Selection, result: BuildResult) -
         "layout_options": selection.layout.options(),
         "pattern": selection.pattern,
         "dataset_id": selection.dataset_id.hex(),
+        "store_identity": selection.identity,
+        "built_at": time.time(),
         "fingerprint": selection.fingerprint,
         "layout_meta": result.meta,
     }
@@ -525,6 +638,7 @@ def save_index(
     layout: str,
     pattern: str | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
     **layout_options: Any,
 ) -> SampleIndex:
     """Save a sample table made elsewhere where ``open_index(url, layout=layout, ...)`` finds it.
@@ -540,15 +654,18 @@ def save_index(
         layout: The layout that reads the samples.
         pattern: The pattern ``open_index`` will be called with (``None``: the default).
         cache_dir: As for :func:`open_index`.
+        storage_options: As for :func:`open_index` (they decide the store identity).
         **layout_options: As for :func:`open_index`.
 
     Raises:
         ConfigError: The rows or objects do not fit together.
     """
     url = normalize_url(url)
+    identity = Store(url, storage_options=storage_options).identity
     fields = layout_options.pop("fields", None)
     chosen = make_layout(layout, fields=fields, **layout_options)
-    selection = _Selection(url, list(objects), chosen, pattern or chosen.default_pattern)
+    used = pattern or chosen.default_pattern
+    selection = _Selection(identity, url, list(objects), chosen, used)
     if [o.path for o in selection.objects] != [o.path for o in objects]:
         raise ConfigError("save_index needs objects sorted by the UTF-8 bytes of their paths")
     if rows.dtype != ROW_DTYPE:
@@ -557,11 +674,11 @@ def save_index(
     if len(rows) and (int(obj.max()) >= len(objects) or bool((np.diff(obj) < 0).any())):
         raise ConfigError("rows must be ordered by object and name objects that exist")
     base = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    key = _spec_key(url, layout, pattern, fields, layout_options)
+    key = _spec_key(identity, url, layout, pattern, fields, layout_options)
     versions = TableVersions(base / "index" / key)
     with versions.lock():
         table = _save(versions, selection, BuildResult(rows=rows))
-    return SampleIndex(table)
+    return SampleIndex(table, storage_options=storage_options)
 
 
 def open_index(
@@ -573,7 +690,7 @@ def open_index(
     storage_options: Mapping[str, Any] | None = None,
     store: Store | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
-    consistency: Consistency = "immutable",
+    consistency: Consistency = "validate",
     strict: bool = False,
     **layout_options: Any,
 ) -> SampleIndex:
@@ -591,9 +708,12 @@ def open_index(
         store: An open store rooted at ``url`` to use instead of a new one.
         cache_dir: Where indexes live (under ``index/``); default
             :func:`fastdata.config.default_cache_dir`.
-        consistency: ``immutable`` trusts a saved index without listing; ``validate``
-            lists and compares sizes and ETags, rebuilding the index (only changed
-            objects are scanned again) when they differ.
+        consistency: ``validate`` (the default) lists and compares sizes and ETags,
+            rebuilding the index (only changed objects are scanned again) when they
+            differ, so added, removed and overwritten objects are seen at once;
+            ``immutable`` trusts a saved index without listing (for huge, frozen
+            datasets: a changed object then fails its read with ``ObjectChangedError``
+            rather than serve old bytes).
         strict: With ``validate``, refuse a changed dataset instead of warning.
         **layout_options: The layout's options: ``labels`` (files); ``decode_cls`` and
             ``on_truncated`` (tar).
@@ -626,21 +746,43 @@ def open_index(
     base = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     request = _Request(url, store, layout, pattern, fields, layout_options, storage_options)
     versions = TableVersions(base / "index" / request.key())
-    if consistency == "immutable":
-        return _open_trusting(versions, request)
-    return _open_validated(versions, request, strict)
+    try:
+        if consistency == "immutable":
+            return _open_trusting(versions, request)
+        return _open_validated(versions, request, strict)
+    except FastdataError:
+        raise
+    except OSError as exc:
+        # The store's errors are ours already: this is the index directory.
+        raise CacheError(
+            f"cannot save the index of {url} under {versions.root}: {exc}; free space there "
+            "or point FASTDATA_CACHE_DIR (cache_dir=) at another directory"
+        ) from exc
+
+
+def _using(index: SampleIndex, how: str) -> SampleIndex:
+    age_s = max(0.0, time.time() - index.built_at) if index.built_at else float("nan")
+    logger.info(
+        "%s: using the saved index %s (%s; built %.0f s ago; %d samples)",
+        index.url,
+        index.path,
+        how,
+        age_s,
+        len(index),
+    )
+    return index
 
 
 def _open_trusting(versions: TableVersions, request: _Request) -> SampleIndex:
     found = request.wrap(versions.current())
     if found is not None:
-        return found
-    with versions.lock():
-        found = request.wrap(versions.current())
+        return _using(found, "consistency='immutable': not compared with the store")
+    with _writable(versions, request) as (target, writable):
+        found = request.wrap(target.current()) if writable else None
         if found is not None:  # another process built it while we waited
-            return found
+            return _using(found, "built by another process")
         return SampleIndex(
-            _build(request.store, versions, request.select(), None),
+            _build(request.store, target, request.select(), None),
             storage_options=request.storage_options,
         )
 
@@ -649,12 +791,46 @@ def _open_validated(versions: TableVersions, request: _Request, strict: bool) ->
     selection = request.select()
     found = request.wrap(versions.current())
     if found is not None and found.fingerprint == selection.fingerprint:
-        return found
-    with versions.lock():
-        found = request.wrap(versions.current())
+        return _using(found, "the listing matches it")
+    with _writable(versions, request) as (target, writable):
+        if writable:
+            found = request.wrap(target.current())
         if found is not None and found.fingerprint == selection.fingerprint:
-            return found
+            return _using(found, "the listing matches it")
         if found is not None:
             _report_changes(found, selection, strict)
-        table = _build(request.store, versions, selection, found)
+        table = _build(request.store, target, selection, found)
         return SampleIndex(table, storage_options=request.storage_options)
+
+
+_warned_unwritable: set[str] = set()
+
+
+@contextlib.contextmanager
+def _writable(versions: TableVersions, request: _Request) -> Iterator[tuple[TableVersions, bool]]:
+    """The saved versions with their builders' lock held, or, where the cache directory
+    cannot be written (read-only, uncreatable), a private temporary directory with one
+    warning: the index is then built in memory's stead and rebuilt by every open."""
+    held = versions.lock()
+    try:
+        held.__enter__()
+    except OSError as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+    else:
+        try:
+            yield versions, True
+        finally:
+            held.__exit__(None, None, None)
+        return
+    where = str(versions.root.parent)
+    if where not in _warned_unwritable:
+        _warned_unwritable.add(where)
+        message = (
+            f"cannot save the index of {request.url} under {where} ({reason}); building it "
+            "in a temporary directory instead, so every open lists and scans the dataset "
+            "again. Point FASTDATA_CACHE_DIR (cache_dir=) at a writable directory"
+        )
+        logger.warning(message)
+        warnings.warn(message, CacheDirWarning, stacklevel=4)
+    scratch = Path(tempfile.mkdtemp(prefix="fastdata-index-"))
+    yield TableVersions(scratch / "index"), False

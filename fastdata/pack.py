@@ -28,9 +28,10 @@ import numpy as np
 
 from fastdata import record
 from fastdata.errors import ConfigError, CorruptRecordError, ObjectNotFoundError
-from fastdata.index import SampleIndex, open_index
+from fastdata.index import SampleIndex
 from fastdata.layouts import PACKED_EXTENSION, RawRecord, ShardBuilder
 from fastdata.layouts.packed import scan_shards
+from fastdata.spec import DatasetSpec
 from fastdata.store import ByteRange, Store
 
 __all__ = ["MANIFEST", "PackProgress", "PackResult", "pack", "parse_compress", "plan_shards"]
@@ -274,18 +275,18 @@ def pack(
     if not 1 <= concurrency <= 256:
         raise ConfigError(f"concurrency must be an int in 1..256, got {concurrency!r}")
     compress = _check_compress(compress)
-    index = open_index(
+    spec = DatasetSpec(
         src,
         layout=layout,
         pattern=pattern,
         fields=fields,
-        storage_options=storage_options,
-        cache_dir=cache_dir,
-        consistency="validate",
-        **layout_options,
+        storage_options=storage_options,  # type: ignore[arg-type]  # the spec checks it
+        layout_options=layout_options,
     )
+    src_store = spec.store()
+    index = spec.open(src_store, cache_dir)
     dst_store = Store(dst, storage_options=dst_storage_options or storage_options)
-    packer = _Packer(index, Store(index.url, storage_options=storage_options), dst_store)
+    packer = _Packer(index, src_store, dst_store)
     packer.compress, packer.progress = compress, progress
     bounds = plan_shards(packer.estimates + RECORD_OVERHEAD_BYTES, shard_bytes)
     names = _shard_names(len(bounds) - 1)

@@ -61,6 +61,7 @@ __all__ = ["CacheStats", "ReadThroughCache", "SampleSource", "default_tiers"]
 
 _log = logging.getLogger(__name__)
 _FLIGHT_WAIT_S = 1.0
+_TRANSFER_ATTEMPTS = 4
 _COUNTERS = (
     "requests",
     "samples",
@@ -68,6 +69,7 @@ _COUNTERS = (
     "source_samples",
     "source_bytes",
     "singleflight_waits",
+    "corrupt_transfers",
 )
 
 
@@ -124,6 +126,9 @@ class CacheStats:
     """Record bytes produced from source samples."""
     singleflight_waits: int = 0
     """Keys this process waited for while another thread fetched them."""
+    corrupt_transfers: int = 0
+    """Records from the source that failed their checksum and were read again
+    (NOTE[transfer-retry])."""
     source_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
     """Latency of ``source.read_samples`` plus encoding."""
 
@@ -486,12 +491,53 @@ class ReadThroughCache:
         return dict(zip(owned, records, strict=True))
 
     def _read_records(self, sample_ids: list[int]) -> list[Buffer]:
-        samples = self.source.read_samples(sample_ids)
-        if len(samples) != len(sample_ids):
-            raise ConfigError(
-                f"source.read_samples returned {len(samples)} samples for {len(sample_ids)} ids"
+        # NOTE[transfer-retry]: a record that arrives whole from the source (packed
+        # shards, read by byte ranges the store cannot check) carries its own CRC, which
+        # to_record verifies. A mismatch means the bytes were damaged on the way, so the
+        # sample is read again, at most _TRANSFER_ATTEMPTS times in all; only a mismatch
+        # that persists raises, naming the object and the byte range.
+        out: list[Buffer | None] = [None] * len(sample_ids)
+        todo = list(range(len(sample_ids)))
+        for attempt in range(1, _TRANSFER_ATTEMPTS + 1):
+            samples = self.source.read_samples([sample_ids[i] for i in todo])
+            if len(samples) != len(todo):
+                raise ConfigError(
+                    f"source.read_samples returned {len(samples)} samples for {len(todo)} ids"
+                )
+            failed: list[tuple[int, CorruptRecordError]] = []
+            for i, sample in zip(todo, samples, strict=True):
+                try:
+                    out[i] = record.to_record(sample)
+                except CorruptRecordError as exc:
+                    failed.append((i, exc))
+            if not failed:
+                break
+            self._stats.add(corrupt_transfers=len(failed))
+            where = self._describe(sample_ids[failed[0][0]])
+            if attempt == _TRANSFER_ATTEMPTS:
+                first, cause = failed[0]
+                raise CorruptRecordError(
+                    f"sample {sample_ids[first]} ({where}) failed its record checksum in each "
+                    f"of {attempt} reads from the store: {cause}. The stored bytes are "
+                    "damaged; rewrite the shard (fastdata pack) or exclude it with `pattern`",
+                    sample_id=sample_ids[first],
+                    offset=cause.offset,
+                ) from cause
+            _log.warning(
+                "%d record(s) read from the store failed their checksum (first: sample %d, "
+                "%s); reading them again (attempt %d of %d)",
+                len(failed),
+                sample_ids[failed[0][0]],
+                where,
+                attempt + 1,
+                _TRANSFER_ATTEMPTS,
             )
-        return [record.to_record(s) for s in samples]
+            todo = [i for i, _ in failed]
+        return out  # type: ignore[return-value]  # every slot was filled or we raised
+
+    def _describe(self, sample_id: int) -> str:
+        describe = getattr(self.source, "describe", None)
+        return str(describe(sample_id)) if callable(describe) else f"of {self.source.url}"
 
     def _land(self, owned: list[bytes], records: list[Any] | None) -> None:
         with self._lock:

@@ -145,8 +145,26 @@ class Layout(Protocol):
     default_pattern: ClassVar[str]
     """Glob that selects this layout's objects when the caller gives none."""
 
+    aux_is_content: ClassVar[bool]
+    """Whether a row's ``aux`` says which bytes make the sample (tar's member count,
+    Parquet's row) and so belongs to the sample's cache key, or is metadata from the
+    listing (the files layout's label), which never changes the cached record."""
+
     def options(self) -> dict[str, Any]:
-        """The layout's settings as JSON-able data (part of the dataset id)."""
+        """The layout's settings as JSON-able data (part of the sample table's key)."""
+        ...
+
+    def record_options(self) -> dict[str, Any]:
+        """The settings that change a sample's record bytes (part of every cache key).
+
+        Settings that only add metadata from the listing (the files layout's ``labels``)
+        are left out, so that two specs over the same objects share cached records.
+        """
+        ...
+
+    def index_fields(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Fields that come from the sample table, not from fetched bytes (the files
+        layout's ``label``): one array of ``len(rows)`` values per field."""
         ...
 
     def build(

@@ -63,9 +63,21 @@ class FilesLayout:
                 f"files layout option labels must be True or False, got {self.labels!r}"
             )
 
+    aux_is_content: ClassVar[bool] = False
+
     def options(self) -> dict[str, Any]:
-        """The settings that shape the samples (part of the dataset id)."""
+        """The settings that shape the samples (part of the sample table's key)."""
         return {"labels": self.labels}
+
+    def record_options(self) -> dict[str, Any]:
+        """None: the record is the object's bytes; the label comes from the table."""
+        return {}
+
+    def index_fields(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """``label`` (int64) from the class folder, with ``labels=True``."""
+        if not self.labels:
+            return {}
+        return {"label": rows["aux"].astype(np.int64)}
 
     def build(
         self, store: Store, objects: Sequence[ObjectInfo], previous: PreviousScans | None
@@ -89,7 +101,10 @@ class FilesLayout:
         return rows["offset"], rows["offset"] + rows["length"]
 
     def decode_unit(self, unit: UnitView) -> list[Sample]:
-        """``{"data": ...}`` (plus ``label``) for each row; the object is the unit.
+        """``{"data": ...}`` for each row; the object is the unit.
+
+        The label is not part of the record (see :meth:`index_fields`), so records
+        cached by a spec without labels serve a spec with labels, and the other way round.
 
         ``data`` is the response itself when it is ``bytes``, else a zero-copy
         ``memoryview`` of it (an obstore buffer): the record encoder copies it once into
@@ -98,11 +113,8 @@ class FilesLayout:
         """
         whole = unit.raw if type(unit.raw) is bytes and len(unit.raw) == len(unit.view) else None
         out: list[Sample] = []
-        for offset, length, aux in zip(
-            unit.rows["offset"].tolist(),
-            unit.rows["length"].tolist(),
-            unit.rows["aux"].tolist(),
-            strict=True,
+        for offset, length in zip(
+            unit.rows["offset"].tolist(), unit.rows["length"].tolist(), strict=True
         ):
             begin = offset - unit.start
             data: bytes | memoryview
@@ -110,10 +122,7 @@ class FilesLayout:
                 data = whole
             else:
                 data = unit.view[begin : begin + length]
-            sample: dict[str, Any] = {"data": data}
-            if self.labels:
-                sample["label"] = int(aux)
-            out.append(sample)
+            out.append({"data": data})
         return out
 
     def estimate_bytes(self, rows: np.ndarray) -> np.ndarray:

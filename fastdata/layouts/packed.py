@@ -179,6 +179,16 @@ class PackedLayout:
     name: ClassVar[str] = "packed"
     default_pattern: ClassVar[str] = f"**/*{EXTENSION}"
 
+    aux_is_content: ClassVar[bool] = True
+
+    def record_options(self) -> dict[str, Any]:
+        """None: a packed record is stored as it is."""
+        return {}
+
+    def index_fields(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """None: every field comes from the fetched bytes."""
+        return {}
+
     def options(self) -> dict[str, Any]:
         """No settings."""
         return {}

@@ -147,6 +147,16 @@ class ParquetLayout:
     fields: tuple[str, ...] | None = None
     _parsed: _MetaCache = field(default_factory=_MetaCache, compare=False, repr=False)
 
+    aux_is_content: ClassVar[bool] = True
+
+    def record_options(self) -> dict[str, Any]:
+        """Every setting: each one changes what a record holds."""
+        return self.options()
+
+    def index_fields(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """None: every field comes from the fetched bytes."""
+        return {}
+
     def options(self) -> dict[str, Any]:
         """The settings that shape the samples (part of the dataset id)."""
         return {"fields": list(self.fields) if self.fields is not None else None}

@@ -273,6 +273,16 @@ class TarLayout:
                 f"tar layout decode_cls must be True or False, got {self.decode_cls!r}"
             )
 
+    aux_is_content: ClassVar[bool] = True
+
+    def record_options(self) -> dict[str, Any]:
+        """Every setting: each one changes what a record holds."""
+        return self.options()
+
+    def index_fields(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """None: every field comes from the fetched bytes."""
+        return {}
+
     def options(self) -> dict[str, Any]:
         """The settings that shape the samples (part of the dataset id)."""
         return {

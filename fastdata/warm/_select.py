@@ -22,7 +22,8 @@ import numpy as np
 from fastdata.cache import DatasetInfo
 from fastdata.config import CacheConfig
 from fastdata.index import SampleIndex
-from fastdata.plan import EpochOrder, EpochPlan, PlanConfig
+from fastdata.plan import EpochPlan
+from fastdata.spec import epoch_order
 from fastdata.warm._types import NodePlan
 
 __all__ = [
@@ -42,16 +43,6 @@ _PAGE_BYTES = 4096
 _BLOCK = 1 << 16
 WRITE_BATCH_BYTES = 40 * 1024**2
 """Record bytes ``warm`` writes in one ``put_many`` at most (about)."""
-
-
-def epoch_order(index: SampleIndex, config: PlanConfig, epoch: int) -> EpochOrder:
-    """The canonical order of ``epoch``, exactly as ``fastdata.Dataset.order`` builds it."""
-    shard_sizes = None
-    if config.shuffle == "shard_window":
-        objects = np.asarray(index.locations(np.arange(len(index)))["obj"])
-        boundaries = np.flatnonzero(np.diff(objects)) + 1
-        shard_sizes = np.diff(np.concatenate(([0], boundaries, [len(objects)])))
-    return EpochOrder(len(index), config, epoch=epoch, shard_sizes=shard_sizes)
 
 
 def node_order(index: SampleIndex, plan: NodePlan) -> np.ndarray:

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from fastdata.config import parse_size
-from fastdata.errors import CacheError, ConfigError, FastdataError
-from fastdata.index import SampleIndex, open_index
+from fastdata.errors import ConfigError
 from fastdata.plan import PlanConfig, ShuffleMode
-from fastdata.store import Store
+from fastdata.spec import DatasetSpec
 
 __all__ = [
     "DatasetSpec",
@@ -32,71 +28,6 @@ def _int_in(name: str, value: object, low: int, high: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         raise ConfigError(f"{name} must be an int in {low}..{high}, got {value!r}")
     return value
-
-
-@dataclass(frozen=True)
-class DatasetSpec:
-    """A dataset as ``fastdata.Dataset`` opens it: the same options give the same cache keys.
-
-    Raises:
-        ConfigError: A field has the wrong type.
-    """
-
-    url: str
-    """Dataset root (``s3://bucket/prefix``, ``file:///data``, a local path)."""
-    layout: str | None = None
-    """``files``, ``tar``, ``parquet`` or ``packed``; detected when ``None``."""
-    pattern: str | None = None
-    """Glob selecting objects below ``url``; the layout's default when ``None``."""
-    fields: Sequence[str] | None = None
-    """Tar extensions or Parquet columns to keep; ``None`` keeps all."""
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
-    """Passed to the store untouched (credentials, endpoint)."""
-    consistency: Literal["immutable", "validate"] = "immutable"
-    """As for ``open_index``: trust a saved index, or list and compare first."""
-    layout_options: Mapping[str, Any] = field(default_factory=dict)
-    """The layout's own options (``labels=True`` for the files layout, ...)."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.url, str) or not self.url.strip():
-            raise ConfigError(f"dataset URL must be a non-empty string, got {self.url!r}")
-        if not isinstance(self.storage_options, Mapping):
-            raise ConfigError(f"storage_options must be a mapping, got {self.storage_options!r}")
-        if not isinstance(self.layout_options, Mapping):
-            raise ConfigError(f"layout_options must be a mapping, got {self.layout_options!r}")
-        if self.fields is not None and (
-            isinstance(self.fields, str) or not all(isinstance(f, str) for f in self.fields)
-        ):
-            raise ConfigError(f"fields must be a sequence of field names, got {self.fields!r}")
-
-    def open(self, store: Store, cache_dir: str | os.PathLike[str] | Path) -> SampleIndex:
-        """Open (or build and save) the dataset's index, as ``fastdata.Dataset`` does.
-
-        Raises:
-            ConfigError: A bad option, or nothing to read at the URL.
-            StoreError: The store could not be listed or scanned.
-            CacheError: The index cannot be saved under ``cache_dir``.
-        """
-        try:
-            return open_index(
-                self.url,
-                layout=self.layout,
-                pattern=self.pattern,
-                fields=list(self.fields) if self.fields is not None else None,
-                storage_options=dict(self.storage_options),
-                store=store,
-                cache_dir=cache_dir,
-                consistency=self.consistency,
-                **dict(self.layout_options),
-            )
-        except FastdataError:
-            raise
-        except OSError as exc:
-            # The index directory under the cache dir (the store's errors are ours).
-            raise CacheError(
-                f"cannot save the index of {self.url} under {cache_dir}/index: {exc}; "
-                "check the cache directory (--cache-dir, FASTDATA_CACHE_DIR)"
-            ) from exc
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,9 @@ def config(tmp_path: Path) -> FastdataConfig:
 
 def cached_data(config: FastdataConfig, url: str) -> dict[int, bytes]:
     """Every sample of ``url`` the LMDB tier serves, decoded (checksums verified)."""
-    index = open_index(url, layout="files", cache_dir=config.cache.resolved_dir())
+    index = open_index(
+        url, layout="files", cache_dir=config.cache.resolved_dir(), consistency="immutable"
+    )
     ids = np.arange(len(index))
     with (
         LmdbTier(config.cache) as tier,
@@ -129,7 +131,8 @@ def test_failed_objects_are_named_and_everything_else_is_warmed(
     (dataset / "0005.bin").unlink()
     with open(dataset / "0009.bin", "ab") as f:
         f.write(b"grown after indexing")
-    result = warm(DatasetSpec(str(dataset), layout="files"), config=config)
+    spec = DatasetSpec(str(dataset), layout="files", consistency="immutable")
+    result = warm(spec, config=config)
     kinds = {f.path: f.kind for f in result.failed_objects}
     assert kinds == {"0005.bin": "missing", "0009.bin": "changed"}
     assert result.failed == 2
@@ -252,7 +255,8 @@ def test_cli_exit_code_and_summary_name_failed_objects(dataset: Path, tmp_path: 
     cache = tmp_path / "cli-cache"
     open_index(str(dataset), layout="files", cache_dir=cache)
     (dataset / "0011.bin").unlink()
-    out = run(["warm", str(dataset), "--layout", "files", "--cache-dir", str(cache), "--quiet"])
+    argv = ["warm", str(dataset), "--layout", "files", "--cache-dir", str(cache), "--quiet"]
+    out = run([*argv, "--consistency", "immutable"])
     assert out.exit_code == 1
     assert "1 objects could not be fetched" in out.stdout
     assert "missing" in out.stdout

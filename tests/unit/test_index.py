@@ -146,30 +146,51 @@ def test_empty_prefix_is_a_config_error_naming_the_url(tmp_path: Path) -> None:
 # --- ids, keys, fingerprints -------------------------------------------------------------
 
 
-def test_keys_are_dataset_id_and_big_endian_sample_id(image_folder: Path, tmp_path: Path) -> None:
+def test_keys_are_the_namespace_then_a_digest_of_the_sample_bytes(
+    image_folder: Path, tmp_path: Path
+) -> None:
     index = open_index(str(image_folder), cache_dir=cache(tmp_path))
     keys = index.keys(np.array([0, 7], dtype=np.uint16))
     assert len(index.dataset_id) == 8
-    assert keys == [
-        index.dataset_id + (0).to_bytes(8, "big"),
-        index.dataset_id + (7).to_bytes(8, "big"),
-    ]
+    assert all(len(k) == 16 and k[:8] == index.dataset_id for k in keys)
+    assert keys[0] != keys[1]
+    assert index.keys([7, 0]) == keys[::-1]
+    assert len(set(index.keys(np.arange(len(index))))) == len(index)
     assert index.keys([]) == []
 
 
-def test_dataset_id_depends_on_url_layout_and_options_not_content(
+def test_specs_over_the_same_objects_share_keys_and_fingerprints(
+    image_folder: Path, tmp_path: Path
+) -> None:
+    """NOTE[cache-keys]: labels and patterns select and describe; they never change bytes."""
+    plain = open_index(str(image_folder), cache_dir=cache(tmp_path))
+    labelled = open_index(str(image_folder), labels=True, cache_dir=cache(tmp_path))
+    cats = open_index(str(image_folder), pattern="cat/*", labels=True, cache_dir=cache(tmp_path))
+    assert len(cats) < len(plain)
+    all_ids = np.arange(len(plain))
+    assert plain.keys(all_ids) == labelled.keys(all_ids)
+    assert plain.fingerprints(all_ids) == labelled.fingerprints(all_ids)
+    assert set(cats.keys(np.arange(len(cats)))) <= set(plain.keys(all_ids))
+    # The saved tables stay apart: each spec has its own.
+    assert len({plain.path, labelled.path, cats.path}) == 3
+
+
+def test_dataset_id_depends_on_url_not_layout_options_or_content(
     image_folder: Path, tmp_path: Path
 ) -> None:
     plain = open_index(str(image_folder), cache_dir=cache(tmp_path))
     labelled = open_index(str(image_folder), labels=True, cache_dir=cache(tmp_path))
     explicit = open_index(str(image_folder) + "/", layout="files", cache_dir=cache(tmp_path))
-    assert plain.dataset_id != labelled.dataset_id
+    assert plain.dataset_id == labelled.dataset_id
     assert explicit.dataset_id == plain.dataset_id
+    old_keys = plain.keys(np.arange(len(plain)))
     (image_folder / "cat" / "0.jpg").write_bytes(b"changed")
     with pytest.warns(DatasetChangedWarning):
         changed = open_index(str(image_folder), cache_dir=cache(tmp_path), consistency="validate")
     assert changed.dataset_id == plain.dataset_id
     assert changed.fingerprint != plain.fingerprint
+    new_keys = changed.keys(np.arange(len(changed)))
+    assert sum(a != b for a, b in zip(old_keys, new_keys, strict=True)) == 1
 
 
 @pytest.mark.parametrize(
@@ -218,7 +239,7 @@ def test_immutable_reopen_makes_no_store_calls(tar_shards: Path, tmp_path: Path)
     assert first.lists == 1
     assert first.get_calls >= 1
     second = CountingStore(url)
-    reopened = open_index(url, store=second, cache_dir=cache(tmp_path))
+    reopened = open_index(url, store=second, cache_dir=cache(tmp_path), consistency="immutable")
     assert (second.lists, second.get_calls) == (0, 0)
     assert reopened.fingerprint == built.fingerprint
     assert reopened.path == built.path
@@ -252,9 +273,8 @@ def test_validate_strict_refuses_a_changed_dataset(image_folder: Path, tmp_path:
             str(image_folder), cache_dir=cache(tmp_path), consistency="validate", strict=True
         )
     # The saved index is untouched, and immutable mode still trusts it.
-    assert (
-        open_index(str(image_folder), cache_dir=cache(tmp_path)).fingerprint == before.fingerprint
-    )
+    trusted = open_index(str(image_folder), cache_dir=cache(tmp_path), consistency="immutable")
+    assert trusted.fingerprint == before.fingerprint
 
 
 def test_immutable_index_with_changed_object_never_returns_wrong_bytes(
