@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 import obstore
@@ -45,6 +46,7 @@ from fastdata.store._job import ReadJob
 from fastdata.store._retry import Counters
 from fastdata.store._s3options import obstore_s3_settings
 from fastdata.store._types import ObjectInfo, quote_etag, unquote_etag
+from fastdata.store._verify import Verifier
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -88,7 +90,14 @@ class ObstoreBackend(Backend):
         super().__init__(counters, config.resume_min_bytes)
         settings = obstore_s3_settings(bucket, prefix, storage_options, config)
         self.secrets = settings.secrets
-        self.endpoint = settings.endpoint
+        self.endpoint = urllib.parse.urlsplit(settings.endpoint).netloc or settings.endpoint
+        if config.verify_transfers != "never":
+            self.verifier = Verifier(
+                config.verify_transfers,
+                plain_http=settings.endpoint.startswith("http://"),
+                counters=counters,
+                endpoint=self.endpoint,
+            )
         # obstore's client `timeout` covers a whole request, connecting included.
         self.attempt_timeout_s = config.request_timeout_s
         if _runtime_pid is None:
@@ -115,6 +124,8 @@ class ObstoreBackend(Backend):
             raise
         lo, hi = result.range
         size = hi - lo
+        meta = result.meta
+        job.note_response(int(meta["size"]), unquote_etag(meta["e_tag"]))
         if job.buf is None and size < self.resume_min_bytes:
             data = await result.bytes_async()
             if len(data) != size:
