@@ -181,8 +181,7 @@ class StoreConfig:
         )
         _require(
             self.verify_transfers in ("auto", "always", "never"),
-            "verify_transfers must be 'auto', 'always' or 'never', "
-            f"got {self.verify_transfers!r}",
+            f"verify_transfers must be 'auto', 'always' or 'never', got {self.verify_transfers!r}",
         )
         for name in (
             "retry_budget_s",

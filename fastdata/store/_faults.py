@@ -266,9 +266,13 @@ def summarize(exc: BaseException, failure: Failure) -> str:
         return "body cut short"
     status = _STATUS_TEXT.search(failure.cause)
     code = _S3_CODE_TEXT.search(failure.cause)
-    if status is not None or code is not None:
-        number = str(next((g for g in status.groups() if g), "")) if status else ""
-        name = str(next((g for g in code.groups() if g), "")) if code else ""
+    number = str(next((g for g in status.groups() if g), "")) if status else ""
+    name = str(next((g for g in code.groups() if g), "")) if code else ""
+    for e in chain:  # botocore's ClientError keeps the status out of its message
+        response = getattr(e, "response", None)
+        if isinstance(response, Mapping) and not number:
+            number = str((response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or "")
+    if number or name:
         return " ".join(p for p in ("HTTP", number, name) if p) if number else f"S3 {name}"
     if any(isinstance(e, TimeoutError) for e in chain) or "timed out" in text or "timeout" in text:
         return "no answer in time"

@@ -63,6 +63,11 @@ _NETWORK = re.compile(
     r"(?i)http error|error sending request|body error|timed out|timeout|connection|"
     r"reset by peer|broken pipe|unexpected eof|incomplete"
 )
+#: A response obstore could not parse (a LIST page, an error document): asked again, like a
+#: corrupted GET body (NOTE[store-retry]).
+_MALFORMED = re.compile(
+    r"(?i)invalid \w+ response|ill-formed|malformed|error parsing|failed to parse|xml"
+)
 #: S3 returns at most this many keys per LIST page; obstore yields chunks of the same size.
 _LIST_PAGE = 1000
 
@@ -193,6 +198,6 @@ class ObstoreBackend(Backend):
         if status is not None:
             code = _S3_CODE.search(text)
             return Failure(status_kind(int(status.group(1)), code.group(1) if code else ""), cause)
-        if isinstance(exc, BaseError) and _NETWORK.search(text):
+        if isinstance(exc, BaseError) and (_NETWORK.search(text) or _MALFORMED.search(text)):
             return Failure(FaultKind.TRANSIENT, cause)
         return Failure(FaultKind.PERMANENT, cause)
