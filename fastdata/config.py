@@ -130,14 +130,20 @@ class StoreConfig:
     """``auto``: obstore for s3:// (and gs:// where it applies), fsspec for the rest."""
     max_concurrency: int = 32
     """Requests in flight at once in one ``get_many`` call."""
-    max_attempts: int = 8
-    """Attempts per request, the first included, for transient faults."""
+    max_attempts: int | None = None
+    """``None`` (default): a transient fault is retried for the whole ``retry_budget_s``.
+    An int caps the attempts per request, the first included: a fail-fast knob that may
+    end the retries before the budget does (NOTE[store-retry] in fastdata/store/_retry.py)."""
     retry_budget_s: float = 60.0
-    """Total time one request may spend retrying before it raises ``StoreError``."""
+    """How long one request rides out a transient fault (refused or reset connections,
+    5xx, throttling, hangs, corrupted bodies), from its first attempt; after it, one
+    ``StoreError`` (``CorruptRecordError`` for a body that stayed corrupted) says what was
+    tried for how long."""
     backoff_base_s: float = 0.05
     """First backoff ceiling; each retry doubles it (full jitter) up to ``backoff_max_s``."""
     backoff_max_s: float = 5.0
-    """Largest single backoff, unless the server's ``Retry-After`` asks for more."""
+    """Largest single backoff, unless the server's ``Retry-After`` asks for more: during a
+    long fault a request is tried about once per ``backoff_max_s / 2`` seconds."""
     connect_timeout_s: float = 10.0
     """Time to establish a connection before the attempt counts as a transient fault."""
     request_timeout_s: float = 60.0
@@ -146,6 +152,15 @@ class StoreConfig:
     """Reads at least this long stream into one buffer, and a broken body resumes where it
     stopped (pinned to its ETag) instead of starting over; shorter reads are fetched whole
     into the client's own buffer, without a copy."""
+    verify_transfers: Literal["auto", "always", "never"] = "auto"
+    """Check fetched bytes against the checksum the source gives for them
+    (NOTE[store-verify] in fastdata/store/_verify.py; docs/store.md has the table).
+    ``auto``: the S3 checksum an object carries (CRC32C, CRC32, SHA-1, SHA-256) on every
+    endpoint, and the MD5 of a single-part ETag on a plain-``http://`` endpoint only (over
+    https, TLS already guards the bytes in transit, and MD5 costs 0.16 ms of CPU per
+    100 KiB). ``always``: the MD5 too, on every endpoint. ``never``: no check. Only reads
+    of a whole object can be checked; a mismatch is fetched again within
+    ``retry_budget_s``."""
 
     def __post_init__(self) -> None:
         _require(
@@ -161,8 +176,13 @@ class StoreConfig:
             f"max_concurrency must be in 1..4096, got {self.max_concurrency}",
         )
         _require(
-            1 <= self.max_attempts <= 100,
-            f"max_attempts must be in 1..100, got {self.max_attempts}",
+            self.max_attempts is None
+            or (type(self.max_attempts) is int and 1 <= self.max_attempts <= 100_000),
+            f"max_attempts must be None or in 1..100000, got {self.max_attempts!r}",
+        )
+        _require(
+            self.verify_transfers in ("auto", "always", "never"),
+            f"verify_transfers must be 'auto', 'always' or 'never', got {self.verify_transfers!r}",
         )
         for name in (
             "retry_budget_s",

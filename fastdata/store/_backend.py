@@ -10,10 +10,11 @@ from __future__ import annotations
 import abc
 from typing import TYPE_CHECKING
 
-from fastdata.store._faults import Failure, FaultKind, RestartRead
+from fastdata.store._faults import CorruptTransfer, Failure, FaultKind, RestartRead
 from fastdata.store._job import ReadJob
 from fastdata.store._retry import Counters
 from fastdata.store._types import ObjectInfo
+from fastdata.store._verify import Verifier
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -35,17 +36,22 @@ class Backend(abc.ABC):
     """Credential strings to redact from every message."""
     attempt_timeout_s: float | None = None
     """The longest one request can take because the client itself times it out, if any."""
+    endpoint: str = ""
+    """The server (``host:port``, or a name), for messages."""
+    verifier: Verifier | None = None
+    """The transfer checks of this backend (NOTE[store-verify]); ``None``: nothing to check."""
 
     def __init__(self, counters: Counters, resume_min_bytes: int) -> None:
         self.counters = counters
         self.resume_min_bytes = resume_min_bytes
 
     async def read(self, job: ReadJob) -> Buffer:
-        """One attempt at ``job``, applying NOTE[store-resume] when it fails."""
+        """One attempt at ``job``, applying NOTE[store-resume] when it fails and
+        NOTE[store-verify] when it succeeds."""
         if job.filled:
             self.counters.add("resumed")
         try:
-            return await self.read_attempt(job)
+            data = await self.read_attempt(job)
         except Exception as exc:
             if job.buf is not None:
                 if not job.caller_pinned and self.classify(exc).kind is FaultKind.CHANGED:
@@ -57,6 +63,14 @@ class Backend(abc.ABC):
                 if job.pin is None:
                     job.restart()  # no ETag to pin a resume to: start over
             raise
+        verifier = self.verifier
+        if verifier is not None:
+            try:
+                verifier.check(job, data)
+            except CorruptTransfer:
+                job.restart()  # none of these bytes can be trusted: fetch it all again
+                raise
+        return data
 
     @abc.abstractmethod
     async def read_attempt(self, job: ReadJob) -> Buffer:

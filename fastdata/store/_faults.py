@@ -14,17 +14,19 @@ import enum
 import errno
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from fastdata.errors import (
     AccessDeniedError,
+    CorruptRecordError,
     ObjectChangedError,
     ObjectNotFoundError,
     StoreError,
 )
 
 __all__ = [
+    "CorruptTransfer",
     "Failure",
     "FaultKind",
     "OpContext",
@@ -37,6 +39,7 @@ __all__ = [
     "parse_retry_after",
     "sanitize",
     "status_kind",
+    "summarize",
     "to_error",
 ]
 
@@ -48,6 +51,9 @@ class FaultKind(enum.Enum):
     """Retry with backoff: 5xx, connection reset, timeout, short body."""
     THROTTLED = "throttled"
     """Retry with backoff, honouring ``Retry-After``: HTTP 429, 503 ``SlowDown``."""
+    CORRUPT = "corrupt"
+    """Retry with backoff: the body does not match the source's checksum
+    (NOTE[store-verify]); ``CorruptRecordError`` when it persists."""
     NOT_FOUND = "not found"
     """Raise ``ObjectNotFoundError`` at once."""
     DENIED = "denied"
@@ -60,7 +66,7 @@ class FaultKind(enum.Enum):
     """Raise ``StoreError`` at once: any other client error."""
 
 
-_RETRYABLE = frozenset({FaultKind.TRANSIENT, FaultKind.THROTTLED})
+_RETRYABLE = frozenset({FaultKind.TRANSIENT, FaultKind.THROTTLED, FaultKind.CORRUPT})
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,10 +96,26 @@ class OpContext:
     """The full URL of the object or prefix."""
     etag: str | None = None
     """The ETag the read was pinned to, if any."""
+    byte_range: tuple[int, int | None] | None = None
+    """``(start, end)`` of a read, for messages."""
+
+    def what(self) -> str:
+        """``get of s3://b/k bytes [0, 100)``: the operation, its target and range."""
+        if self.byte_range is None:
+            return f"{self.operation} of {self.target}"
+        start, end = self.byte_range
+        span = "the whole object" if start == 0 and end is None else f"bytes [{start}, {end})"
+        if end is None and start:
+            span = f"bytes [{start}, end)"
+        return f"{self.operation} of {self.target} ({span})"
 
 
 class ShortBodyError(ConnectionError):
     """The body ended before its ``Content-Length``: a transient fault, never data."""
+
+
+class CorruptTransfer(ConnectionError):
+    """The body differs from the checksum the source gave for it (NOTE[store-verify])."""
 
 
 class RestartRead(ConnectionError):
@@ -142,6 +164,8 @@ def classify_internal(exc: BaseException, cause: str) -> Failure | None:
     """Classify the store's own signals (checked before any foreign cause chain)."""
     if isinstance(exc, VersionChanged):
         return Failure(FaultKind.CHANGED, cause)
+    if isinstance(exc, CorruptTransfer):
+        return Failure(FaultKind.CORRUPT, cause)
     if isinstance(exc, ShortBodyError | RestartRead):
         return Failure(FaultKind.TRANSIENT, cause)
     return None
@@ -220,12 +244,87 @@ def to_error(failure: Failure, ctx: OpContext) -> StoreError:
     return StoreError(f"{ctx.operation} of {ctx.target} failed: {failure.cause}")
 
 
+_STATUS_TEXT = re.compile(r"status(?: code)?:? (\d{3})|HTTP(?: status)? (\d{3})|\((\d{3})\)")
+_S3_CODE_TEXT = re.compile(r"<Code>(\w+)</Code>|An error occurred \((\w+)\)")
+
+
+def summarize(exc: BaseException, failure: Failure) -> str:
+    """A few words for what one failed attempt met: ``connection refused``, ``HTTP 503``."""
+    if failure.kind is FaultKind.CORRUPT:
+        return "corrupted body"
+    chain: list[BaseException] = []
+    link: BaseException | None = exc
+    while link is not None and len(chain) < 8:
+        chain.append(link)
+        link = link.__cause__ or link.__context__
+    text = " ".join([failure.cause, *(str(e) for e in chain)]).lower()
+    if any(isinstance(e, ConnectionRefusedError) for e in chain) or "refused" in text:
+        return "connection refused"
+    if any(isinstance(e, ConnectionResetError) for e in chain) or "reset" in text:
+        return "connection reset"
+    if any(isinstance(e, ShortBodyError) for e in chain):
+        return "body cut short"
+    status = _STATUS_TEXT.search(failure.cause)
+    code = _S3_CODE_TEXT.search(failure.cause)
+    number = str(next((g for g in status.groups() if g), "")) if status else ""
+    name = str(next((g for g in code.groups() if g), "")) if code else ""
+    for e in chain:  # botocore's ClientError keeps the status out of its message
+        response = getattr(e, "response", None)
+        if isinstance(response, Mapping) and not number:
+            number = str((response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or "")
+    if number or name:
+        return " ".join(p for p in ("HTTP", number, name) if p) if number else f"S3 {name}"
+    if any(isinstance(e, TimeoutError) for e in chain) or "timed out" in text or "timeout" in text:
+        return "no answer in time"
+    if "parse" in text or "xml" in text or "malformed" in text:
+        return "malformed response"
+    return f"{failure.kind.value} fault"
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.1f} s" if value < 10 else f"{value:.0f} s"
+
+
+def _attempts(n: int) -> str:
+    return f"{n} attempt" if n == 1 else f"{n} attempts"
+
+
 def exhausted_error(
-    failure: Failure, ctx: OpContext, *, attempts: int, elapsed_s: float, reason: str
-) -> StoreError:
-    """The error for a transient fault that outlasted the retry budget."""
+    failure: Failure,
+    ctx: OpContext,
+    *,
+    attempts: int,
+    elapsed_s: float,
+    reason: str,
+    seen: Mapping[str, int] | None = None,
+    endpoint: str = "",
+) -> StoreError | CorruptRecordError:
+    """The one error for a transient fault that outlasted the retry budget.
+
+    It says what the attempts met, for how long, and how many there were: ``get of
+    s3://b/k failed: connection refused by 127.0.0.1:9000 for 60 s, 23 attempts``.
+    A read whose last attempt brought a corrupted body raises ``CorruptRecordError``.
+    """
+    seen = dict(seen or {})
+    if len(seen) <= 1:
+        what = next(iter(seen), f"{failure.kind.value} fault")
+        prep = " by " if what.startswith("connection") else " from "
+        met = what + (prep + endpoint if endpoint else "")
+    else:
+        parts = sorted(seen.items(), key=lambda kv: -kv[1])
+        met = ", ".join(f"{name} ({_attempts(n)})" for name, n in parts)
+        met += f" from {endpoint}" if endpoint else ""
+    head = f"{met} for {_seconds(elapsed_s)}, {_attempts(attempts)} ({reason})"
+    if failure.kind is FaultKind.CORRUPT:
+        start = ctx.byte_range[0] if ctx.byte_range is not None else None
+        return CorruptRecordError(
+            f"{ctx.what()} kept returning corrupted bytes: {head}; last: {failure.cause}. "
+            "The bytes were neither delivered nor cached. Something between fastdata and "
+            f"the store ({endpoint or 'the endpoint'}) or the store itself damages data: "
+            "check proxies, NICs and the server's disks, or use an https endpoint",
+            offset=start,
+        )
     return StoreError(
-        f"{ctx.operation} of {ctx.target} failed after {attempts} attempt(s) in "
-        f"{elapsed_s:.1f} s ({reason}); last cause: {failure.cause}. The store may be down "
-        "or overloaded: check it, or raise StoreConfig.max_attempts / retry_budget_s"
+        f"{ctx.what()} failed: {head}; last cause: {failure.cause}. The store may be down "
+        "or overloaded: check it, or raise StoreConfig.retry_budget_s"
     )

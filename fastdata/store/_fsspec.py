@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import functools
+import urllib.parse
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -41,6 +42,7 @@ from fastdata.store._faults import (
 from fastdata.store._job import ReadJob
 from fastdata.store._retry import Counters
 from fastdata.store._types import ObjectInfo, quote_etag, unquote_etag
+from fastdata.store._verify import Verifier, checksums_in
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping
@@ -71,6 +73,8 @@ def s3fs_options(options: Mapping[str, Any], config: StoreConfig) -> dict[str, A
     cfg.setdefault("connect_timeout", config.connect_timeout_s)
     cfg.setdefault("read_timeout", config.request_timeout_s)
     cfg.setdefault("max_pool_connections", max(10, config.max_concurrency))
+    # NOTE[store-verify]: the store checks checksums itself, for both backends alike.
+    cfg.setdefault("response_checksum_validation", "when_required")
     out["config_kwargs"] = cfg
     return out
 
@@ -104,6 +108,8 @@ class FsspecBackend(Backend):
         storage_options: Mapping[str, Any],
     ) -> None:
         super().__init__(counters, config.resume_min_bytes)
+        self._verify_mode = config.verify_transfers
+        self.endpoint = protocol
         try:
             self._cls = fsspec.get_filesystem_class(protocol)
         except (ImportError, ValueError) as exc:
@@ -157,6 +163,16 @@ class FsspecBackend(Backend):
             self._s3 = await self._fs.set_session()
             extra = {**self._fs.s3_additional_kwargs, **self._fs.req_kw}
             self._get_kwargs = {k: v for k, v in extra.items() if k in _GET_KWARGS}
+            endpoint_url = str(self._s3.meta.endpoint_url or "")
+            self.endpoint = urllib.parse.urlsplit(endpoint_url).netloc or endpoint_url
+            if self._verify_mode != "never":
+                self.verifier = Verifier(
+                    self._verify_mode,
+                    plain_http=endpoint_url.startswith("http://"),
+                    counters=self.counters,
+                    endpoint=self.endpoint,
+                )
+                self._s3.meta.events.register("before-sign.s3.GetObject", _ask_for_checksums)
 
     async def close(self) -> None:
         if self._s3 is not None:
@@ -224,6 +240,10 @@ class FsspecBackend(Backend):
             raise
         body = resp["Body"]
         size = int(resp["ContentLength"])
+        headers: Mapping[str, str] = (resp.get("ResponseMetadata") or {}).get("HTTPHeaders") or {}
+        job.note_response(
+            _object_size(resp, size), unquote_etag(resp.get("ETag")), checksums_in(headers)
+        )
         try:
             if job.buf is None and size < self.resume_min_bytes:
                 data: bytes = await body.read()
@@ -291,6 +311,21 @@ class FsspecBackend(Backend):
         return Failure(FaultKind.PERMANENT, cause)
 
 
+def _ask_for_checksums(request: Any, **kwargs: Any) -> None:
+    """Ask S3 for the object's stored checksums (NOTE[store-verify]), without botocore's
+    own validation, which would check some algorithms and not others."""
+    request.headers["x-amz-checksum-mode"] = "ENABLED"
+
+
+def _object_size(resp: Mapping[str, Any], length: int) -> int | None:
+    """The whole object's size from a GetObject response (``Content-Range`` or length)."""
+    content_range = resp.get("ContentRange")
+    if not content_range:
+        return length  # 200: the body is the whole object
+    total = str(content_range).rpartition("/")[2]
+    return int(total) if total.isdigit() else None
+
+
 async def _body_chunks(body: Any) -> AsyncIterator[bytes]:
     """An aiobotocore body as chunks of up to ``STREAM_CHUNK_BYTES``, until it ends.
 
@@ -304,6 +339,7 @@ async def _body_chunks(body: Any) -> AsyncIterator[bytes]:
 def _classify_s3(exc: BaseException, cause: str) -> Failure | None:
     import aiohttp
     import botocore.exceptions as bce
+    from botocore.parsers import ResponseParserError
 
     source = exc.__cause__ if isinstance(exc.__cause__, bce.ClientError) else exc
     if isinstance(source, bce.ClientError):
@@ -321,6 +357,10 @@ def _classify_s3(exc: BaseException, cause: str) -> Failure | None:
         return Failure(status_kind(status, code), cause, retry_after)
     if isinstance(exc, bce.NoCredentialsError | bce.PartialCredentialsError):
         return Failure(FaultKind.DENIED, cause)
+    if isinstance(exc, bce.FlexibleChecksumError):
+        return Failure(FaultKind.CORRUPT, cause)  # botocore's own check, if a caller asked
+    if isinstance(exc, ResponseParserError):
+        return Failure(FaultKind.TRANSIENT, cause)  # a malformed answer: ask again
     transient = (
         bce.HTTPClientError,
         bce.ConnectionError,

@@ -36,7 +36,18 @@ __all__ = ["ReadJob"]
 class ReadJob:
     """One ``ByteRange`` being read, with what earlier attempts left behind."""
 
-    __slots__ = ("buf", "caller_pinned", "filled", "pin", "req", "total")
+    __slots__ = (
+        "bad_digest",
+        "buf",
+        "caller_pinned",
+        "checksums",
+        "filled",
+        "object_size",
+        "pin",
+        "req",
+        "source_etag",
+        "total",
+    )
 
     def __init__(self, req: ByteRange) -> None:
         self.req = req
@@ -49,6 +60,24 @@ class ReadJob:
         """Bytes of ``buf`` already received."""
         self.total = 0
         """Length of the whole range, once the first response said it."""
+        self.object_size: int | None = None
+        """Size of the whole object, as the response of the current try said it."""
+        self.source_etag: str | None = None
+        """ETag of the response the current try's bytes came from (unquoted)."""
+        self.checksums: dict[str, str] = {}
+        """Full-object S3 checksums that response carried (NOTE[store-verify])."""
+        self.bad_digest: bytes | None = None
+        """MD5 of the last body that failed its ETag check, kept across restarts."""
+
+    def note_response(
+        self, object_size: int | None, etag: str | None, checksums: dict[str, str] | None = None
+    ) -> None:
+        """Record what a response says about the object; a resumed part keeps the first."""
+        if self.filled and self.buf is not None:
+            return  # NOTE[store-resume]: pinned to the first response's ETag
+        self.object_size = object_size
+        self.source_etag = etag
+        self.checksums = checksums or {}
 
     @property
     def next_start(self) -> int:
@@ -119,3 +148,6 @@ class ReadJob:
         self.filled = 0
         self.total = 0
         self.pin = self.req.etag
+        self.object_size = None
+        self.source_etag = None
+        self.checksums = {}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 import obstore
@@ -45,6 +46,7 @@ from fastdata.store._job import ReadJob
 from fastdata.store._retry import Counters
 from fastdata.store._s3options import obstore_s3_settings
 from fastdata.store._types import ObjectInfo, quote_etag, unquote_etag
+from fastdata.store._verify import Verifier
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -60,6 +62,11 @@ _S3_CODE = re.compile(r"<Code>([A-Za-z]+)</Code>")
 _NETWORK = re.compile(
     r"(?i)http error|error sending request|body error|timed out|timeout|connection|"
     r"reset by peer|broken pipe|unexpected eof|incomplete"
+)
+#: A response obstore could not parse (a LIST page, an error document): asked again, like a
+#: corrupted GET body (NOTE[store-retry]).
+_MALFORMED = re.compile(
+    r"(?i)invalid \w+ response|ill-formed|malformed|error parsing|failed to parse|xml"
 )
 #: S3 returns at most this many keys per LIST page; obstore yields chunks of the same size.
 _LIST_PAGE = 1000
@@ -88,7 +95,14 @@ class ObstoreBackend(Backend):
         super().__init__(counters, config.resume_min_bytes)
         settings = obstore_s3_settings(bucket, prefix, storage_options, config)
         self.secrets = settings.secrets
-        self.endpoint = settings.endpoint
+        self.endpoint = urllib.parse.urlsplit(settings.endpoint).netloc or settings.endpoint
+        if config.verify_transfers != "never":
+            self.verifier = Verifier(
+                config.verify_transfers,
+                plain_http=settings.endpoint.startswith("http://"),
+                counters=counters,
+                endpoint=self.endpoint,
+            )
         # obstore's client `timeout` covers a whole request, connecting included.
         self.attempt_timeout_s = config.request_timeout_s
         if _runtime_pid is None:
@@ -115,6 +129,8 @@ class ObstoreBackend(Backend):
             raise
         lo, hi = result.range
         size = hi - lo
+        meta = result.meta
+        job.note_response(int(meta["size"]), unquote_etag(meta["e_tag"]))
         if job.buf is None and size < self.resume_min_bytes:
             data = await result.bytes_async()
             if len(data) != size:
@@ -182,6 +198,6 @@ class ObstoreBackend(Backend):
         if status is not None:
             code = _S3_CODE.search(text)
             return Failure(status_kind(int(status.group(1)), code.group(1) if code else ""), cause)
-        if isinstance(exc, BaseError) and _NETWORK.search(text):
+        if isinstance(exc, BaseError) and (_NETWORK.search(text) or _MALFORMED.search(text)):
             return Failure(FaultKind.TRANSIENT, cause)
         return Failure(FaultKind.PERMANENT, cause)

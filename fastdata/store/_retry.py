@@ -1,15 +1,24 @@
 """One retry policy for every store operation, and the thread-safe counters behind stats().
 
-NOTE[store-retry]: an operation gets at most ``max_attempts`` attempts and at most
-``retry_budget_s`` seconds, counted from the start of its first attempt; an attempt still
-running when the budget ends is cancelled (a first attempt that the client's own timeout
-already ends within the budget is left to that timeout). Between attempts it sleeps a
-full-jitter backoff, ``uniform(0, min(backoff_max_s, backoff_base_s * 2**(retry - 1)))``,
-or the server's ``Retry-After`` when that is longer. A wait that would end past the budget
-is not taken: the operation raises ``StoreError`` at once, so a total outage fails within
-the budget. Permanent faults (404, 403, 412, other 4xx) raise on the first attempt. The
-clients' own retries are switched off (obstore ``max_retries=0``; s3fs ``retries=1`` and
-botocore ``total_max_attempts=1``), so this policy is the only one that retries.
+NOTE[store-retry]: the time budget decides how long a transient fault is ridden out. An
+operation may retry for ``retry_budget_s`` seconds, counted from the start of its first
+attempt; an attempt still running when the budget ends is cancelled (a first attempt that
+the client's own timeout already ends within the budget is left to that timeout). Between
+attempts it sleeps a full-jitter backoff, ``uniform(0, min(backoff_max_s, backoff_base_s *
+2**(retry - 1)))``, or the server's ``Retry-After`` when that is longer: the backoff
+ceiling keeps growing to ``backoff_max_s`` and stays there, so the backoff caps the request
+rate of a long fault (about one attempt per ``backoff_max_s / 2`` seconds), never its
+duration. A backoff that would end past the budget is shortened so that one last attempt
+still starts ``min(1 s, 5 % of the budget)`` before the budget ends; when less than that is
+left, or the server's ``Retry-After`` asks to wait past the budget, the operation raises
+one ``StoreError`` that says what failed, for how long and how many attempts were made
+("connection refused by 127.0.0.1:9000 for 60 s, 23 attempts"). ``max_attempts`` is
+``None`` by default; set, it is a fail-fast cap that may end the ride before the budget.
+A corrupted body (NOTE[store-verify]) is a transient fault too; one that persists raises
+``CorruptRecordError`` instead. Permanent faults (404, 403, 412, other 4xx) raise on the
+first attempt. The clients' own retries are switched off (obstore ``max_retries=0``; s3fs
+``retries=1`` and botocore ``total_max_attempts=1``), so this policy is the only one that
+retries.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import asyncio
 import logging
 import random
 import threading
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -28,6 +38,7 @@ from fastdata.store._faults import (
     FaultKind,
     OpContext,
     exhausted_error,
+    summarize,
     to_error,
 )
 from fastdata.store._types import StoreStats
@@ -52,6 +63,8 @@ class Counters:
                 "throttled",
                 "resumed",
                 "errors",
+                "corrupt_transfers",
+                "verified_reads",
             ),
             0,
         )
@@ -86,8 +99,8 @@ class Counters:
 class RetryPolicy:
     """Attempts, budget and backoff of NOTE[store-retry]."""
 
-    max_attempts: int
-    """Attempts per operation, the first included."""
+    max_attempts: int | None
+    """Most attempts per operation, the first included; ``None``: the budget decides."""
     budget_s: float
     """Seconds per operation, from the start of its first attempt."""
     base_s: float
@@ -110,6 +123,11 @@ class RetryPolicy:
         ceiling = min(self.max_s, self.base_s * (2.0 ** min(retry - 1, 60)))
         return rng.uniform(0.0, ceiling)
 
+    @property
+    def last_attempt_s(self) -> float:
+        """Time kept for one last attempt when a backoff would run past the budget."""
+        return min(1.0, 0.05 * self.budget_s)
+
 
 @dataclass(frozen=True, slots=True)
 class RetryEnv:
@@ -125,6 +143,8 @@ class RetryEnv:
     """Jitter source."""
     attempt_timeout_s: float | None = None
     """The longest one attempt can take because the client itself times it out, if any."""
+    endpoint: str = ""
+    """``host:port`` (or a name) of the server, for messages."""
 
 
 async def retrying(attempt: Callable[[], Awaitable[T]], ctx: OpContext, env: RetryEnv) -> T:
@@ -132,13 +152,15 @@ async def retrying(attempt: Callable[[], Awaitable[T]], ctx: OpContext, env: Ret
 
     Raises:
         StoreError: A permanent fault (typed subclasses for 404, 403 and 412), or a
-            transient one that outlasted the attempts or the budget (NOTE[store-retry]).
+            transient one that outlasted the budget (NOTE[store-retry]).
+        CorruptRecordError: The body was still corrupted when the budget ended.
     """
     loop = asyncio.get_running_loop()
     policy = env.policy
     started = loop.time()
     deadline = started + policy.budget_s
     attempts = 0
+    seen: Counter[str] | None = None
     while True:
         attempts += 1
         env.counters.enter()
@@ -155,20 +177,34 @@ async def retrying(attempt: Callable[[], Awaitable[T]], ctx: OpContext, env: Ret
             if not failure.retryable:
                 env.counters.add("errors")
                 raise to_error(failure, ctx) from exc
+            if seen is None:
+                seen = Counter()
+            seen[summarize(exc, failure)] += 1
             delay, reason = _next_delay(failure, attempts, deadline - loop.time(), env)
             if delay is None:
                 env.counters.add("errors")
                 raise exhausted_error(
-                    failure, ctx, attempts=attempts, elapsed_s=loop.time() - started, reason=reason
+                    failure,
+                    ctx,
+                    attempts=attempts,
+                    elapsed_s=loop.time() - started,
+                    reason=reason,
+                    seen=seen,
+                    endpoint=env.endpoint,
                 ) from exc
             env.counters.add("retries")
+            if failure.kind is FaultKind.CORRUPT:
+                log.warning(
+                    "corrupted transfer: %s: %s; fetching it again", ctx.what(), failure.cause
+                )
             log.info(
-                "retrying %s of %s in %.2f s (attempt %d of %d): %s",
+                "retrying %s of %s in %.2f s (attempt %d, %.1f s of the %g s budget left): %s",
                 ctx.operation,
                 ctx.target,
                 delay,
                 attempts + 1,
-                policy.max_attempts,
+                max(0.0, deadline - loop.time() - delay),
+                policy.budget_s,
                 failure.cause,
             )
         finally:
@@ -189,16 +225,19 @@ def _next_delay(
     failure: Failure, attempts: int, remaining_s: float, env: RetryEnv
 ) -> tuple[float | None, str]:
     policy = env.policy
-    if attempts >= policy.max_attempts:
-        return None, f"all {policy.max_attempts} attempts used"
+    if policy.max_attempts is not None and attempts >= policy.max_attempts:
+        return None, f"StoreConfig.max_attempts={policy.max_attempts} used up"
+    if failure.retry_after_s is not None and failure.retry_after_s >= remaining_s:
+        return None, (
+            f"retry budget of {policy.budget_s:g} s spent; the server asked to wait "
+            f"{failure.retry_after_s:g} s"
+        )
     delay = policy.backoff_s(attempts, env.rng)
     if failure.retry_after_s is not None:
         delay = max(delay, failure.retry_after_s)
-    if delay >= remaining_s:
-        asked = (
-            f"; the server asked to wait {failure.retry_after_s:g} s"
-            if failure.retry_after_s is not None
-            else ""
-        )
-        return None, f"retry budget of {policy.budget_s:g} s spent{asked}"
+    latest = remaining_s - policy.last_attempt_s
+    if delay > latest:
+        if latest <= 0 or (failure.retry_after_s or 0.0) > latest:
+            return None, f"retry budget of {policy.budget_s:g} s spent"
+        delay = latest  # one last attempt before the budget ends
     return delay, ""

@@ -207,6 +207,7 @@ class Store:
             counters,
             random.Random(),
             backend.attempt_timeout_s,
+            backend.endpoint,
         )
         weakref.finalize(self, _release, pid, loop, backend)
         return _Process(pid, loop, backend, counters, env)
@@ -318,7 +319,7 @@ class Store:
             async def worker() -> None:
                 for i in indices:
                     req = reqs[i]
-                    ctx = OpContext("get", self._target(req.path), req.etag)
+                    ctx = OpContext("get", self._target(req.path), req.etag, (req.start, req.end))
                     read = functools.partial(backend.read, ReadJob(req))
                     results[i] = await retrying(read, ctx, env)
 
@@ -374,6 +375,34 @@ class Store:
 
         if paths:
             self._run(run)
+
+    def count_corrupt_transfer(self, path: str, start: int, end: int | None) -> None:
+        """Count (and log) bytes of this store found corrupted by the layer above.
+
+        A ranged read of an object without a checksum cannot be checked here
+        (NOTE[store-verify]); a layer that checks it with a checksum of its own (the
+        record CRC of a packed shard) reports a mismatch through this method, so that
+        ``stats().corrupt_transfers`` counts every corrupted transfer, before it fetches
+        the range again.
+
+        Args:
+            path: The object, relative to the root.
+            start: First byte of the range read.
+            end: One past its last byte, or ``None`` for the end of the object.
+
+        Raises:
+            ConfigError: ``path`` is not an object path, or the bounds are not a range.
+        """
+        check_path(path, "count_corrupt_transfer")
+        ByteRange(path, start, end)  # the same bound checks as a read
+        self._state().counters.add("corrupt_transfers")
+        log.warning(
+            "corrupted transfer: bytes [%d, %s) of %s did not match the checksum the layer "
+            "above keeps for them",
+            start,
+            "end" if end is None else end,
+            self._target(path),
+        )
 
     def stats(self) -> StoreStats:
         """Counters of this handle in this process (zero before the first call)."""

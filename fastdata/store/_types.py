@@ -89,6 +89,12 @@ class StoreStats:
     """Operations that raised an error to the caller."""
     max_in_flight: int = 0
     """The most requests this handle had in flight at once."""
+    corrupt_transfers: int = 0
+    """Bodies that did not match the checksum the source gave for them (each one fetched
+    again, NOTE[store-verify]), plus those the layer above reported through
+    ``Store.count_corrupt_transfer``."""
+    verified_reads: int = 0
+    """Reads whose bytes were checked against a checksum from the source and matched."""
 
 
 def glob_to_regex(pattern: str) -> re.Pattern[str]:

@@ -3,7 +3,10 @@
 The proxy listens on 127.0.0.1 (a free port), forwards every request to one upstream
 S3-compatible endpoint (SeaweedFS or moto) and, when a rule matches, answers with a fault
 instead: an HTTP error status (503 SlowDown with ``Retry-After``, 429, 500, 404, 403), a
-connection reset, a body cut short of its ``Content-Length``, or a delay. It counts
+connection reset, a body cut short of its ``Content-Length``, a delay, or a body forwarded
+in full but with a few bytes flipped (``Fault.corrupt``, what a faulty NIC, cable or
+middlebox does on a plain-HTTP path). A rule may apply to every matching request, to the
+next ``times`` of them, or to each with a ``probability`` (seeded). It counts
 requests per path and the most requests it held in flight at once, so tests can prove
 both "no retry happened" and "the reads really ran concurrently"::
 
@@ -22,7 +25,9 @@ are daemons, so a client that never closes its connection cannot keep a test ali
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
+import random
 import re
 import socket
 import struct
@@ -39,7 +44,7 @@ from typing import Literal
 
 __all__ = ["Fault", "FaultProxy", "RequestRecord"]
 
-FaultKind = Literal["status", "reset", "truncate", "delay"]
+FaultKind = Literal["status", "reset", "truncate", "delay", "corrupt"]
 
 #: Headers that describe one hop of the connection; never forwarded.
 _HOP_BY_HOP = frozenset(
@@ -75,7 +80,9 @@ class Fault:
     """``status``: answer with ``status``; ``reset``: drop the connection with a TCP reset
     before answering; ``truncate``: forward, then send the full headers but only
     ``keep_bytes`` of the body and close the connection; ``delay``: wait ``delay_s``, then
-    forward normally."""
+    forward normally; ``corrupt``: forward, then send the whole body with
+    ``flips`` bytes changed (XOR with a random non-zero value) at random positions, or at
+    ``positions`` when given."""
     status: int = 503
     """HTTP status of a ``status`` fault."""
     body: bytes = b""
@@ -86,6 +93,10 @@ class Fault:
     """Body bytes a ``truncate`` fault lets through before it closes the connection."""
     delay_s: float = 0.0
     """How long a ``delay`` fault holds the request before forwarding it."""
+    flips: tuple[int, int] = (1, 8)
+    """Least and most bytes a ``corrupt`` fault flips in one body."""
+    positions: tuple[int, ...] = ()
+    """Body offsets a ``corrupt`` fault flips (those inside the body); random when empty."""
 
     @classmethod
     def slow_down(cls, retry_after_s: float | None = None) -> Fault:
@@ -135,6 +146,26 @@ class Fault:
         return cls("truncate", keep_bytes=keep_bytes)
 
     @classmethod
+    def corrupt(cls, flips: tuple[int, int] = (1, 8), *, positions: tuple[int, ...] = ()) -> Fault:
+        """Forward, but flip between ``flips[0]`` and ``flips[1]`` bytes of the body.
+
+        The positions and new values come from the rule's seeded generator
+        (``FaultProxy.add(seed=)``); ``positions`` pins the offsets instead (offsets past
+        the end of a body are skipped). Headers, ``Content-Length`` and ETag are those
+        of the real answer, so only a checksum of the body can notice.
+
+        Raises:
+            ValueError: ``flips`` is not ``(lo, hi)`` with ``1 <= lo <= hi``, or a
+                position is negative.
+        """
+        lo, hi = flips
+        if not 1 <= lo <= hi:
+            raise ValueError(f"flips must be (lo, hi) with 1 <= lo <= hi, got {flips}")
+        if any(p < 0 for p in positions):
+            raise ValueError(f"positions must not be negative, got {positions}")
+        return cls("corrupt", flips=(lo, hi), positions=tuple(positions))
+
+    @classmethod
     def delay(cls, seconds: float) -> Fault:
         """Hold the request ``seconds`` (at most 60), then forward it unchanged."""
         if not 0 <= seconds <= 60:
@@ -162,6 +193,8 @@ class RequestRecord:
     """The ``If-Match`` header, if any."""
     fault: FaultKind | None
     """The fault injected into it, if any."""
+    flipped: tuple[int, ...] = ()
+    """Body offsets a ``corrupt`` fault changed (filled in once the body was sent)."""
 
 
 @dataclass
@@ -171,13 +204,17 @@ class _Rule:
     method: str | None
     path: re.Pattern[str] | None
     after: Callable[[], None] | None = None
+    probability: float = 1.0
+    rng: random.Random = field(default_factory=random.Random)
 
     def matches(self, method: str, path: str) -> bool:
         if self.remaining is not None and self.remaining <= 0:
             return False
         if self.method is not None and self.method != method:
             return False
-        return self.path is None or self.path.search(path) is not None
+        if self.path is not None and self.path.search(path) is None:
+            return False
+        return self.probability >= 1.0 or self.rng.random() < self.probability
 
 
 @dataclass
@@ -199,6 +236,9 @@ class FaultProxy:
         upstream: ``http://host:port`` of the real server; must be on loopback.
         idle_timeout_s: How long an idle client connection is kept open.
         upstream_timeout_s: Socket timeout towards the upstream server.
+        port: The loopback port to listen on; 0 picks a free one. A fixed port lets a
+            test point a client at the proxy before it listens (connections refused
+            until ``start()``).
 
     Raises:
         ValueError: ``upstream`` is not a plain-HTTP loopback URL.
@@ -210,6 +250,7 @@ class FaultProxy:
         *,
         idle_timeout_s: float = 30.0,
         upstream_timeout_s: float = 60.0,
+        port: int = 0,
     ) -> None:
         parsed = urllib.parse.urlsplit(upstream)
         if parsed.scheme != "http" or parsed.hostname not in ("127.0.0.1", "localhost"):
@@ -218,6 +259,7 @@ class FaultProxy:
         self.upstream_port = parsed.port or 80
         self.idle_timeout_s = idle_timeout_s
         self.upstream_timeout_s = upstream_timeout_s
+        self.port = port
         self._lock = threading.Lock()
         self._state = _State()
         self._stop = threading.Event()
@@ -239,7 +281,7 @@ class FaultProxy:
         if self._server is not None:
             return self
         handler = _make_handler(self)
-        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        server = ThreadingHTTPServer(("127.0.0.1", self.port), handler)
         server.daemon_threads = True
         self._server = server
         self._stop.clear()
@@ -292,22 +334,41 @@ class FaultProxy:
         method: str | None = None,
         path: str | None = None,
         after: Callable[[], None] | None = None,
+        probability: float = 1.0,
+        seed: int = 0,
     ) -> None:
         """Inject ``fault`` into the next ``times`` matching requests (``None``: all).
 
         Args:
             fault: What to do.
-            times: How many matching requests get it; ``None`` for every one.
+            times: How many matching requests get it; ``None`` for every one (with a
+                ``probability``, those drawn count towards ``times``).
             method: Only requests with this HTTP method (``GET``, ``HEAD``, ``PUT``...).
             path: Only requests whose URL path (without the query, percent-decoded)
                 contains a match of this regular expression.
             after: Called in the proxy thread once the fault is served and before the
                 client sees the connection end (e.g. to overwrite the object in between
                 a broken read and its retry). It must not raise.
+            probability: Each matching request gets the fault with this probability.
+            seed: Seeds the rule's generator (the probability draws and the flips of a
+                ``corrupt`` fault), so a run can be repeated.
+
+        Raises:
+            ValueError: ``times`` is below 1, or ``probability`` is not in (0, 1].
         """
         if times is not None and times < 1:
             raise ValueError(f"times must be at least 1 or None, got {times}")
-        rule = _Rule(fault, times, method, re.compile(path) if path is not None else None, after)
+        if not 0.0 < probability <= 1.0:
+            raise ValueError(f"probability must be in (0, 1], got {probability}")
+        rule = _Rule(
+            fault,
+            times,
+            method,
+            re.compile(path) if path is not None else None,
+            after,
+            probability,
+            random.Random(seed),
+        )
         with self._lock:
             self._state.rules.append(rule)
 
@@ -363,7 +424,7 @@ class FaultProxy:
 
     def _begin(
         self, method: str, path: str, headers: Message[str, str]
-    ) -> tuple[Fault | None, Callable[[], None] | None]:
+    ) -> tuple[Fault | None, Callable[[], None] | None, random.Random | None]:
         with self._lock:
             state = self._state
             state.counts[(method, path)] += 1
@@ -371,14 +432,17 @@ class FaultProxy:
             state.max_in_flight = max(state.max_in_flight, state.in_flight)
             fault: Fault | None = None
             after: Callable[[], None] | None = None
+            rng: random.Random | None = None
             if time.monotonic() < state.outage_until:
                 fault = state.outage_fault
+                rng = random.Random(state.faults_served)
             else:
                 for rule in state.rules:
                     if rule.matches(method, path):
                         if rule.remaining is not None:
                             rule.remaining -= 1
                         fault, after = rule.fault, rule.after
+                        rng = random.Random(rule.rng.getrandbits(64))
                         break
             if fault is not None and fault.kind != "delay":
                 state.faults_served += 1
@@ -391,7 +455,17 @@ class FaultProxy:
                     fault.kind if fault is not None else None,
                 )
             )
-            return fault, after
+            return fault, after, rng
+
+    def _flipped(self, offsets: tuple[int, ...]) -> None:
+        """Record which body offsets a ``corrupt`` fault changed (on the latest record)."""
+        with self._lock:
+            history = self._state.history
+            for i in range(len(history) - 1, -1, -1):
+                record = history[i]
+                if record.fault == "corrupt" and not record.flipped:
+                    history[i] = dataclasses.replace(record, flipped=offsets)
+                    return
 
     def _end(self) -> None:
         with self._lock:
@@ -415,6 +489,19 @@ def _hard_close(sock: socket.socket) -> None:
         sock.close()
     except OSError:
         return
+
+
+def _corrupt(payload: bytes, fault: Fault, rng: random.Random) -> tuple[bytes, tuple[int, ...]]:
+    """``payload`` with the bytes of a ``corrupt`` fault flipped, and their offsets."""
+    if fault.positions:
+        offsets = sorted({p for p in fault.positions if p < len(payload)})
+    else:
+        count = min(len(payload), rng.randint(*fault.flips))
+        offsets = sorted(rng.sample(range(len(payload)), count))
+    out = bytearray(payload)
+    for offset in offsets:
+        out[offset] ^= rng.randint(1, 255)
+    return bytes(out), tuple(offsets)
 
 
 def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
@@ -446,7 +533,7 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
 
         def _proxy(self) -> None:
             path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
-            fault, after = proxy._begin(self.command, path, self.headers)
+            fault, after, rng = proxy._begin(self.command, path, self.headers)
             try:
                 body = self._read_request_body()
                 if fault is not None and fault.kind == "reset":
@@ -458,7 +545,7 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 else:
                     if fault is not None and fault.kind == "delay":
                         proxy._stop.wait(fault.delay_s)
-                    self._forward(body, fault, after)
+                    self._forward(body, fault, after, rng)
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True  # the client went away first
             finally:
@@ -495,7 +582,11 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(body)
 
         def _forward(
-            self, body: bytes, fault: Fault | None, after: Callable[[], None] | None
+            self,
+            body: bytes,
+            fault: Fault | None,
+            after: Callable[[], None] | None,
+            rng: random.Random | None = None,
         ) -> None:
             headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
             if body or self.command in ("PUT", "POST"):
@@ -528,6 +619,9 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 # whatever the client had not read yet, so no body would ever be partial.
                 self.connection.shutdown(socket.SHUT_WR)
                 return
+            if fault is not None and fault.kind == "corrupt" and payload:
+                payload, flipped = _corrupt(payload, fault, rng or random.Random(0))
+                proxy._flipped(flipped)
             self.wfile.write(payload)
             if after is not None:
                 after()

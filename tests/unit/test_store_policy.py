@@ -98,7 +98,7 @@ def test_exhausted_attempts_raise_store_error_naming_object_operation_attempts_c
     message = str(excinfo.value)
     assert type(excinfo.value) is StoreError
     assert "get of s3://bucket/key" in message
-    assert "3 attempt(s)" in message
+    assert "3 attempts" in message
     assert "flaky: slow" in message
 
 
