@@ -6,9 +6,12 @@ progress bars), so that none of that is hand-written here.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import click
@@ -408,13 +411,15 @@ def _print_json(data: object) -> None:
 def warm_command(url: str, **params: Any) -> None:
     """Fill this node's cache with the dataset at URL (rerun to resume).
 
-    Exit status: 0 when every selected sample is cached, 1 when some objects could
-    not be fetched (the summary names them), 2 for bad arguments.
+    Exit status: 0 when every selected sample is cached, 1 when some could not be
+    (objects that failed, a full cache or filesystem: the summary says which), 2 for bad
+    arguments and errors that stop the run, 130/143 when stopped by SIGINT/SIGTERM
+    (what was fetched is committed; rerun to resume).
     """
     from rich.console import Console
 
-    from fastdata.ops._render import BarProgress, LogProgress, warm_summary
-    from fastdata.warm import WarmConfig, warm
+    from fastdata.ops._render import BarProgress, LogProgress, stopped_line, warm_summary
+    from fastdata.warm import WarmConfig, WarmStop, warm
 
     plan = _node_plan(params)
     params.pop("batch_size")
@@ -432,16 +437,74 @@ def warm_command(url: str, **params: Any) -> None:
             if console.is_terminal
             else LogProgress(sys.stderr, params["log_interval"])
         )
-    if isinstance(progress, BarProgress):
-        with progress:
-            result = warm(spec, config=config, plan=plan, options=options, progress=progress)
-    else:
-        result = warm(spec, config=config, plan=plan, options=options, progress=progress)
+    stop = WarmStop()
+    bar = progress if isinstance(progress, BarProgress) else contextlib.nullcontext()
+    try:
+        with _stop_on_signals(stop), bar:
+            result = warm(
+                spec, config=config, plan=plan, options=options, progress=progress, stop=stop
+            )
+    except _Interrupted as interrupted:
+        click.echo(f"fastdata warm: stopped by {interrupted.reason}; {interrupted}", err=True)
+        _exit_now(interrupted.code)
     if params["as_json"]:
         _print_json(result.as_dict())
+    if result.stopped:
+        click.echo(stopped_line(result), err=True)
+        _exit_now(_SIGNAL_CODES.get(result.stopped, 1))
     for line in warm_summary(result):
         click.echo(line, err=bool(params["as_json"]))
-    click.get_current_context().exit(1 if result.failed else 0)
+    click.get_current_context().exit(0 if result.complete else 1)
+
+
+_SIGNAL_CODES = {"SIGINT": 130, "SIGTERM": 143}
+"""The exit status of a run stopped by a signal (128 + the signal number)."""
+
+
+class _Interrupted(BaseException):
+    """A signal that cannot wait for a clean stop (before or after fetching, or a second
+    one). A ``BaseException``, like ``KeyboardInterrupt``, so nothing catches it on the way."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.code = _SIGNAL_CODES.get(reason, 1)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: Any) -> Iterator[None]:
+    """NOTE[warm-stop]: SIGINT and SIGTERM ask ``warm`` to commit and return; a signal
+    while nothing is being fetched, or a second one, stops at once."""
+
+    def on_signal(signum: int, frame: object) -> None:
+        reason = signal.Signals(signum).name
+        if stop.requested:
+            raise _Interrupted(
+                reason,
+                "a second signal while committing; what was committed is cached, rerun "
+                "the same command to resume",
+            )
+        if not stop.request(reason):
+            raise _Interrupted(
+                reason, "nothing fetched by this run is lost; rerun the same command to resume"
+            )
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _exit_now(code: int) -> None:
+    """Exit with ``code``; without waiting for fetch threads a stop abandoned (they may
+    wait out the store's retry budget), which ``sys.exit`` would join."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if any(t.name.startswith("fastdata-warm") and t.is_alive() for t in threading.enumerate()):
+        os._exit(code)
+    sys.exit(code)
 
 
 @cli.command("stats")

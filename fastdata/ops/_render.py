@@ -31,6 +31,7 @@ __all__ = [
     "LogProgress",
     "doctor_lines",
     "stats_table",
+    "stopped_line",
     "warm_summary",
 ]
 
@@ -146,6 +147,16 @@ def warm_summary(result: WarmResult) -> list[str]:
             for f in result.failed_objects
         )
     return lines
+
+
+def stopped_line(result: WarmResult) -> str:
+    """The one line of a run stopped by a signal (NOTE[warm-stop] in ``fastdata/warm``)."""
+    cached = result.already_cached + result.fetched
+    return (
+        f"fastdata warm: stopped by {result.stopped}: {cached} of {result.samples} selected "
+        f"samples are cached ({result.fetched} fetched by this run, all committed); rerun "
+        "the same command to resume"
+    )
 
 
 def stats_table(report: CacheReport) -> list[Any]:

@@ -296,3 +296,75 @@ def test_plan_aware_warm_of_two_nodes_is_what_their_loaders_read(
         assert read == warmed
         assert proxy.requests(method="GET") == gets_before
     assert len(covered) > OBJECTS * 3 // 4  # two epochs of half the ranks each
+
+
+def entries_in(cache_dir: Path) -> int:
+    if not (cache_dir / "lmdb").is_dir():
+        return 0
+    with LmdbTier(cache_config(cache_dir)) as tier:
+        return sum(d.entries for d in tier.datasets())
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_mid_warm_commits_what_was_fetched_and_the_rerun_fetches_none_of_it(
+    s3_bucket: Any,
+    source: dict[str, bytes],
+    proxy: FaultProxy,
+    tmp_path: Path,
+    sig: signal.Signals,
+    code: int,
+) -> None:
+    cache_dir = tmp_path / "cache"
+    url = f"{s3_bucket.url}/ds"
+    open_ds(s3_bucket, cache_dir)
+    proxy.add(Fault.delay(0.08), times=None, method="GET")
+    first = subprocess.Popen(
+        warm_argv(
+            url, proxy.endpoint_url, cache_dir, "--concurrency", "4", "--claim-bytes", "1MiB"
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while entries_in(cache_dir) < OBJECTS // 10:
+            assert first.poll() is None, "the warm finished before it could be stopped"
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        sent = time.monotonic()
+        os.kill(first.pid, sig)
+        out, err = first.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait(timeout=30)
+    assert first.returncode == code, err
+    assert took < 10, took
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("fastdata warm: stopped")]
+    assert len(lines) == 1, err
+    assert f"by {sig.name}" in lines[0]
+    assert "rerun the same command to resume" in lines[0]
+    stopped = json.loads(out)
+    assert stopped["stopped"] == sig.name
+    assert not stopped["complete"]
+    proxy.clear()
+
+    index = open_ds(s3_bucket, cache_dir)
+    before = cached_paths(index, cache_dir, source)
+    fetched_before = {p for p, n in gets(proxy, s3_bucket.bucket, source).items() if n}
+    assert fetched_before == before  # everything fetched was committed
+    assert stopped["fetched"] == len(before) < OBJECTS
+    assert f"{len(before)} of {OBJECTS} selected samples are cached" in lines[0]
+    counts_before = gets(proxy, s3_bucket.bucket, source)
+
+    code2, summary, _ = run_warm(url, proxy.endpoint_url, cache_dir)
+    assert code2 == 0
+    assert summary["already_cached"] == len(before)
+    new_gets = {p: n - counts_before[p] for p, n in gets(proxy, s3_bucket.bucket, source).items()}
+    assert all(new_gets[p] == 0 for p in before)  # no object fetched twice
+    assert all(new_gets[p] == 1 for p in set(source) - before)
+    assert cached_paths(index, cache_dir, source) == set(source)
