@@ -26,7 +26,39 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _Commands(click.Group):
+    """The ``fastdata`` group: an error that stops a command is one line and status 2.
+
+    Every ``FastdataError`` prints ``fastdata: error: <message>``. An ``OSError`` that
+    escapes (a file the command could not create or open, e.g. under a read-only or
+    uncreatable cache directory) prints the path and the reason the same way: never a
+    traceback.
+    """
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except FastdataError as exc:
+            click.echo(f"fastdata: error: {exc}", err=True)
+            ctx.exit(2)
+        except OSError as exc:
+            click.echo(f"fastdata: error: {_os_error_text(exc)}", err=True)
+            ctx.exit(2)
+
+
+def _os_error_text(exc: OSError) -> str:
+    where = f" {exc.filename}" if exc.filename else ""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    return (
+        f"cannot use{where}: {reason}; check that the directory exists and is writable "
+        "(the cache directory: --cache-dir or FASTDATA_CACHE_DIR)"
+    )
+
+
+@click.group(
+    cls=_Commands,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, prog_name="fastdata")
 def cli() -> None:
     """fastdata: a tiered cache and prefetcher between object storage and PyTorch."""

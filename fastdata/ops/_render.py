@@ -135,8 +135,19 @@ def warm_summary(result: WarmResult) -> list[str]:
             f"the {result.samples + result.over_budget} samples wanted; raise --max-bytes "
             "to warm the rest"
         )
-    if result.not_admitted:
-        lines.append(f"the cache filled up: {result.not_admitted} samples were not admitted")
+    if result.not_admitted and result.full_cause == "filesystem":
+        lines.append(
+            f"the cache's filesystem ran out of space ({format_size(result.free_disk_bytes)} "
+            f"free; the budget is {format_size(result.budget_bytes)}): "
+            f"{result.not_admitted} samples were not admitted; free space on it or use "
+            "another --cache-dir"
+        )
+    elif result.not_admitted:
+        lines.append(
+            f"the cache filled up its budget ({format_size(result.budget_bytes)}; "
+            f"{format_size(result.free_disk_bytes)} free on its filesystem): "
+            f"{result.not_admitted} samples were not admitted; raise --max-bytes"
+        )
     if result.failed_objects:
         lines.append(
             f"{len(result.failed_objects)} objects could not be fetched "

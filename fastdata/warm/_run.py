@@ -40,6 +40,7 @@ from fastdata.index import SampleIndex
 from fastdata.store import Store
 from fastdata.warm._claims import ClaimFile
 from fastdata.warm._fetch import Failure, Fetched, fetch_samples
+from fastdata.warm._space import full_cause
 from fastdata.warm._types import WarmConfig, WarmProgress, WarmStatus
 
 __all__ = ["FetchLoop", "WarmStop", "present_mask"]
@@ -171,6 +172,8 @@ class FetchLoop:
         """Why the loop stopped early (NOTE[warm-stop]); empty when it finished."""
         self.abandoned = 0
         """Samples of tasks still running when a stop's grace ran out."""
+        self.full_cause = ""
+        """``budget`` or ``filesystem`` once the tier refused records (NOTE[warm-space])."""
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -450,14 +453,28 @@ class FetchLoop:
         left = sum(len(ids) for _, ids, _ in (*self._pending, *self._deferred))
         left += sum(len(t.ids) for t in self._ready)
         self.not_admitted += refused + left
-        logger.warning(
-            "the cache at %s is full: %d fetched samples were not admitted and %d more "
-            "are not fetched; raise --max-bytes (the budget is %d bytes)",
-            self.tier.root,
-            refused,
-            left,
-            self.tier.config.max_bytes,
-        )
+        cause, free = full_cause(self.tier)
+        self.full_cause = cause
+        if cause == "filesystem":
+            logger.warning(
+                "the filesystem of the cache at %s is full (%d bytes free, %d kept free by "
+                "min_free_bytes): %d fetched samples were not admitted and %d more are not "
+                "fetched; free space on it or use another --cache-dir",
+                self.tier.root,
+                free,
+                self.tier.config.min_free_bytes,
+                refused,
+                left,
+            )
+        else:
+            logger.warning(
+                "the cache at %s is full: %d fetched samples were not admitted and %d more "
+                "are not fetched; raise --max-bytes (the budget is %d bytes)",
+                self.tier.root,
+                refused,
+                left,
+                self.tier.config.max_bytes,
+            )
         self._pending.clear()
         self._deferred.clear()
         self._ready.clear()

@@ -304,6 +304,8 @@ class WarmResult:
     full_cause: Literal["", "budget", "filesystem"] = ""
     """Why the cache refused samples (``not_admitted``): its byte budget, or the free
     space of its filesystem; empty when it refused none."""
+    free_disk_bytes: int = 0
+    """Free bytes on the cache's filesystem at the end of the run."""
 
     @property
     def mb_per_s(self) -> float:

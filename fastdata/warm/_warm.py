@@ -25,6 +25,7 @@ from fastdata.warm._select import (
     room_bytes,
     source_bytes,
 )
+from fastdata.warm._space import check_disk_room, disk_room
 from fastdata.warm._types import (
     DatasetSpec,
     FailedObject,
@@ -186,6 +187,8 @@ def warm(
         present = _present(tier, index, selection.ids)
         index_s = time.monotonic() - started
         _warn_over_budget(selection)
+        missing = selection.est_bytes[~present]
+        check_disk_room(tier, len(missing), int(record_costs(missing).sum()))
         loop = FetchLoop(index, store, tier, ClaimFile.open(tier.root, index.dataset_id), options)
         try:
             phase = _fetch_missing(loop, selection, present, progress, stop)
@@ -224,6 +227,7 @@ class _Phase:
     retries: int
     throttled: int
     bytes_written: int
+    free_disk_bytes: int
 
 
 def _warn_over_budget(selection: Selection) -> None:
@@ -263,6 +267,7 @@ def _fetch_missing(
         retries=after.retries - before.retries,
         throttled=after.throttled - before.throttled,
         bytes_written=tier_after.bytes_written - tier_before.bytes_written,
+        free_disk_bytes=disk_room(loop.tier)[1],
     )
 
 
@@ -296,4 +301,6 @@ def _result(
         seconds=phase.seconds,
         index_seconds=index_s,
         stopped=loop.stopped,
+        full_cause=loop.full_cause,  # type: ignore[arg-type]  # "", "budget" or "filesystem"
+        free_disk_bytes=phase.free_disk_bytes,
     )
