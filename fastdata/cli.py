@@ -190,6 +190,8 @@ def pack_command(
     from fastdata.pack import pack, parse_compress
 
     options: dict[str, Any] = {"labels": True} if labels else {}
+    # The source index is saved in the cache directory.
+    _check_cache_dir(None, write=True, hint="FASTDATA_CACHE_DIR")
     with Progress(
         "[progress.description]{task.description}",
         BarColumn(),
@@ -402,6 +404,22 @@ def _dataset_cfg(url: str, params: dict[str, Any]) -> tuple[Any, FastdataConfig]
     return _dataset_spec(url, params), load_config(cache=cache)
 
 
+def _check_cache_dir(
+    config: FastdataConfig | None, *, write: bool, hint: str = "", needs: str = ""
+) -> None:
+    """Exit 2 with one line when the cache directory (of ``config``, else the default)
+    cannot serve the command."""
+    from fastdata.config import default_cache_dir
+    from fastdata.ops._cachedir import cache_dir_problem
+
+    path = config.cache.resolved_dir() if config is not None else default_cache_dir()
+    kwargs = {"hint": hint} if hint else {}
+    problem = cache_dir_problem(path, write=write, needs=needs, **kwargs)
+    if problem:
+        click.echo(f"fastdata: error: {problem}", err=True)
+        click.get_current_context().exit(2)
+
+
 def _print_json(data: object) -> None:
     import json
 
@@ -456,6 +474,8 @@ def warm_command(url: str, **params: Any) -> None:
     plan = _node_plan(params)
     params.pop("batch_size")
     spec, config = _dataset_cfg(url, params)
+    if config.cache.enabled:
+        _check_cache_dir(config, write=True)
     options = WarmConfig(
         concurrency=params["concurrency"],
         max_inflight_bytes=params["max_inflight"],
@@ -561,7 +581,9 @@ def stats_command(cache_dir: str | None, max_bytes: int | None, as_json: bool) -
     cache: dict[str, Any] = {"dir": cache_dir} if cache_dir else {}
     if max_bytes is not None:
         cache["max_bytes"] = max_bytes
-    report = cache_stats(load_config(cache=cache).cache)
+    config = load_config(cache=cache)
+    _check_cache_dir(config, write=False)
+    report = cache_stats(config.cache)
     if as_json:
         _print_json(report.as_dict())
         return
@@ -604,6 +626,8 @@ def doctor_command(url: str, **params: Any) -> None:
     )
     as_json = params.pop("as_json")
     spec, config = _dataset_cfg(url, params)
+    # Only a directory that cannot exist: a read-only one may hold a warm cache to read.
+    _check_cache_dir(config, write=False, needs="doctor cannot save the index in it")
     report = doctor(spec, config=config, plan=plan, options=options)
     if as_json:
         _print_json(report.as_dict())
@@ -625,7 +649,9 @@ def clear_command(dataset: str | None, cache_dir: str | None, yes: bool, as_json
     """Remove one dataset from the node cache, or everything (safe while others read)."""
     from fastdata.ops import clear_cache
 
-    config = load_config(cache={"dir": cache_dir} if cache_dir else {}).cache
+    full_config = load_config(cache={"dir": cache_dir} if cache_dir else {})
+    _check_cache_dir(full_config, write=True)
+    config = full_config.cache
     what = f"dataset {dataset}" if dataset else "every dataset"
     if not yes:
         if not sys.stdin.isatty():
