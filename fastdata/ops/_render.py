@@ -201,9 +201,12 @@ def stats_table(report: CacheReport) -> list[Any]:
             f"{format_size(c.get('bytes_read', 0))} / {format_size(c.get('bytes_written', 0))}",
         )
     datasets = Table(title="datasets")
+    # The id (``clear --dataset`` takes any unique prefix of it) and the name are never
+    # cut: a narrow terminal folds them over lines instead.
+    width = max((len(d.dataset_id) for d in report.datasets), default=10)
+    datasets.add_column("dataset id", no_wrap=True, min_width=width)
+    datasets.add_column("name", overflow="fold", ratio=1, min_width=16)
     columns: tuple[tuple[str, JustifyMethod], ...] = (
-        ("dataset id", "left"),
-        ("url", "left"),
         ("layout", "left"),
         ("samples", "right"),
         ("cached", "right"),
@@ -212,11 +215,11 @@ def stats_table(report: CacheReport) -> list[Any]:
         ("last read", "right"),
     )
     for name, justify in columns:
-        datasets.add_column(name, justify=justify)
+        datasets.add_column(name, justify=justify, no_wrap=True)
     for d in report.datasets:
         datasets.add_row(
             d.dataset_id,
-            d.url or "?",
+            d.name or d.url or "?",
             d.layout or "?",
             str(d.samples) if d.samples else "?",
             str(d.cached),
