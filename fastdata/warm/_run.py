@@ -13,6 +13,15 @@ halved (at most once per ``_DECREASE_HOLD_S``, so that one burst halves it once)
 every ``limit`` tasks that finish without new throttling raise it by one, up to
 ``WarmConfig.concurrency``. The lowest value and the number of halvings are reported.
 
+NOTE[warm-isolate]: a task reads its objects (up to ``_MAX_TASK_OBJECTS``) in one
+``Store.get_many`` call, and a call that fails drops every body it had received; the
+task is then read again object by object to find the culprit, so the others are
+fetched twice. So once the store shows faults (a task's read failed: the task says so
+before it reads its objects again; or new retries in ``Store.stats()``), the loop makes
+every task one object, the ready tasks included: a later failure costs nothing but its
+own object. Only the tasks already in flight at that moment (at most ``concurrency``
+objects) can still be read twice.
+
 NOTE[warm-stop]: a :class:`WarmStop` (``fastdata warm`` requests it on SIGINT and
 SIGTERM) makes the loop stop claiming and dispatching, cancel the tasks not started,
 wait up to ``_STOP_GRACE_S`` for the requests in flight, then commit every record it
@@ -173,6 +182,10 @@ class FetchLoop:
         self.abandoned = 0
         """Samples of tasks still running when a stop's grace ran out."""
         self.full_cause = ""
+        self.one_object = False
+        """Whether tasks are one object each now (NOTE[warm-isolate])."""
+        self._seen_retries = store.stats().retries
+        self._faulted = threading.Event()  # set by a task whose read failed
         """``budget`` or ``filesystem`` once the tier refused records (NOTE[warm-space])."""
 
     # -- the loop ------------------------------------------------------------------------
@@ -263,6 +276,8 @@ class FetchLoop:
         return self._inflight_bytes + self._to_write_bytes + writing
 
     def _fill(self, pool: ThreadPoolExecutor) -> None:
+        if self._faulted.is_set():
+            self._isolate()
         while not self._full:
             task = self._ready.popleft() if self._ready else self._claim_next()
             if task is None:
@@ -274,7 +289,7 @@ class FetchLoop:
             if busy:
                 self._ready.appendleft(task)
                 return
-            future = pool.submit(fetch_samples, self.index, self.store, task.ids)
+            future = pool.submit(fetch_samples, self.index, self.store, task.ids, self._faulted.set)
             self._futures[future] = task
             self._tokens += task.tokens
             self._inflight_bytes += task.est_bytes
@@ -312,14 +327,16 @@ class FetchLoop:
         self._ready.extend(tasks)
         return True
 
-    def _split(self, unit: _Unit) -> list[_Task]:
-        """Tasks of at most a few objects each, so that several run at once."""
-        objects = np.asarray(self.index.locations(unit.ids)["obj"])
+    def _split(self, unit: _Unit, ids: np.ndarray | None = None) -> list[_Task]:
+        """Tasks of at most a few objects each, so that several run at once; one object
+        each once the store shows faults (NOTE[warm-isolate])."""
+        ids = unit.ids if ids is None else ids
+        objects = np.asarray(self.index.locations(ids)["obj"])
         run = np.concatenate(([0], np.cumsum(objects[1:] != objects[:-1])))
-        per_task = max(1, min(_MAX_TASK_OBJECTS, self.limit // 2))
+        per_task = 1 if self.one_object else max(1, min(_MAX_TASK_OBJECTS, self.limit // 2))
         which = run // per_task
         bounds = np.flatnonzero(np.diff(which)) + 1
-        parts = np.split(unit.ids, bounds)
+        parts = np.split(ids, bounds)
         runs = np.split(run, bounds)
         return [
             _Task(
@@ -330,6 +347,25 @@ class FetchLoop:
             )
             for part, r in zip(parts, runs, strict=True)
         ]
+
+    def _watch_faults(self, fetched: Fetched) -> None:
+        """NOTE[warm-isolate]: one object per task from the first sign of faults on."""
+        if self.one_object:
+            return
+        faulted = fetched.failures or self._faulted.is_set()
+        if faulted or self.store.stats().retries > self._seen_retries:
+            self._isolate()
+
+    def _isolate(self) -> None:
+        if self.one_object:
+            return
+        self.one_object = True
+        logger.info("the store shows faults: reading one object per task from now on")
+        ready, self._ready = self._ready, deque()
+        for task in ready:
+            parts = self._split(task.unit, task.ids) if task.tokens > 1 else [task]
+            task.unit.tasks_left += len(parts) - 1
+            self._ready.extend(parts)
 
     def _collect(self) -> None:
         waiting: list[Future[Any]] = list(self._futures)
@@ -348,6 +384,7 @@ class FetchLoop:
             self._inflight_bytes -= task.est_bytes
             fetched = future.result()  # errors other than per-object failures propagate
             self._adapt()
+            self._watch_faults(fetched)
             if self._full:
                 self.not_admitted += len(task.ids)
                 continue
