@@ -454,3 +454,39 @@ def test_objects_that_fail_cost_the_other_objects_of_their_task_no_second_fetch(
     assert len(twice) <= 2 * 7, twice
     sent = sum(len(source[p]) * n for p, n in per_object.items() if p not in denied)
     assert sent <= 1.2 * sum(len(b) for b in source.values())
+
+
+def test_a_signal_while_listing_stops_at_once_with_one_line(
+    s3_bucket: Any, source: dict[str, bytes], proxy: FaultProxy, tmp_path: Path
+) -> None:
+    cache_dir = tmp_path / "cache"
+    listing = f"/{s3_bucket.bucket}"  # LIST is GET /bucket?list-type=2
+    proxy.add(Fault.delay(30), times=None, method="GET", path=f"^{listing}/?$")
+    run = subprocess.Popen(
+        warm_argv(f"{s3_bucket.url}/ds", proxy.endpoint_url, cache_dir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while proxy.requests(path=listing, method="GET") == 0:
+            assert run.poll() is None, run.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        sent = time.monotonic()
+        run.send_signal(signal.SIGTERM)
+        _, err = run.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait(timeout=30)
+    assert run.returncode == 143, err
+    assert took < 10, took
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("fastdata warm: stopped by SIGTERM")
+    assert "rerun the same command to resume" in lines[0]
