@@ -6,9 +6,12 @@ progress bars), so that none of that is hand-written here.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import click
@@ -23,7 +26,39 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _Commands(click.Group):
+    """The ``fastdata`` group: an error that stops a command is one line and status 2.
+
+    Every ``FastdataError`` prints ``fastdata: error: <message>``. An ``OSError`` that
+    escapes (a file the command could not create or open, e.g. under a read-only or
+    uncreatable cache directory) prints the path and the reason the same way: never a
+    traceback.
+    """
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except FastdataError as exc:
+            click.echo(f"fastdata: error: {exc}", err=True)
+            ctx.exit(2)
+        except OSError as exc:
+            click.echo(f"fastdata: error: {_os_error_text(exc)}", err=True)
+            ctx.exit(2)
+
+
+def _os_error_text(exc: OSError) -> str:
+    where = f" {exc.filename}" if exc.filename else ""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    return (
+        f"cannot use{where}: {reason}; check that the directory exists and is writable "
+        "(the cache directory: --cache-dir or FASTDATA_CACHE_DIR)"
+    )
+
+
+@click.group(
+    cls=_Commands,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, prog_name="fastdata")
 def cli() -> None:
     """fastdata: a tiered cache and prefetcher between object storage and PyTorch."""
@@ -155,6 +190,8 @@ def pack_command(
     from fastdata.pack import pack, parse_compress
 
     options: dict[str, Any] = {"labels": True} if labels else {}
+    # The source index is saved in the cache directory.
+    _check_cache_dir(None, write=True, hint="FASTDATA_CACHE_DIR")
     with Progress(
         "[progress.description]{task.description}",
         BarColumn(),
@@ -368,6 +405,22 @@ def _dataset_cfg(url: str, params: dict[str, Any]) -> tuple[Any, FastdataConfig]
     return _dataset_spec(url, params), load_config(cache=cache)
 
 
+def _check_cache_dir(
+    config: FastdataConfig | None, *, write: bool, hint: str = "", needs: str = ""
+) -> None:
+    """Exit 2 with one line when the cache directory (of ``config``, else the default)
+    cannot serve the command."""
+    from fastdata.config import default_cache_dir
+    from fastdata.ops._cachedir import cache_dir_problem
+
+    path = config.cache.resolved_dir() if config is not None else default_cache_dir()
+    kwargs = {"hint": hint} if hint else {}
+    problem = cache_dir_problem(path, write=write, needs=needs, **kwargs)
+    if problem:
+        click.echo(f"fastdata: error: {problem}", err=True)
+        click.get_current_context().exit(2)
+
+
 def _print_json(data: object) -> None:
     import json
 
@@ -409,17 +462,21 @@ def _print_json(data: object) -> None:
 def warm_command(url: str, **params: Any) -> None:
     """Fill this node's cache with the dataset at URL (rerun to resume).
 
-    Exit status: 0 when every selected sample is cached, 1 when some objects could
-    not be fetched (the summary names them), 2 for bad arguments.
+    Exit status: 0 when every selected sample is cached, 1 when some could not be
+    (objects that failed, a full cache or filesystem: the summary says which), 2 for bad
+    arguments and errors that stop the run, 130/143 when stopped by SIGINT/SIGTERM
+    (what was fetched is committed; rerun to resume).
     """
     from rich.console import Console
 
-    from fastdata.ops._render import BarProgress, LogProgress, warm_summary
-    from fastdata.warm import WarmConfig, warm
+    from fastdata.ops._render import BarProgress, LogProgress, stopped_line, warm_summary
+    from fastdata.warm import WarmConfig, WarmStop, warm
 
     plan = _node_plan(params)
     params.pop("batch_size")
     spec, config = _dataset_cfg(url, params)
+    if config.cache.enabled:
+        _check_cache_dir(config, write=True)
     options = WarmConfig(
         concurrency=params["concurrency"],
         max_inflight_bytes=params["max_inflight"],
@@ -433,16 +490,74 @@ def warm_command(url: str, **params: Any) -> None:
             if console.is_terminal
             else LogProgress(sys.stderr, params["log_interval"])
         )
-    if isinstance(progress, BarProgress):
-        with progress:
-            result = warm(spec, config=config, plan=plan, options=options, progress=progress)
-    else:
-        result = warm(spec, config=config, plan=plan, options=options, progress=progress)
+    stop = WarmStop()
+    bar = progress if isinstance(progress, BarProgress) else contextlib.nullcontext()
+    try:
+        with _stop_on_signals(stop), bar:
+            result = warm(
+                spec, config=config, plan=plan, options=options, progress=progress, stop=stop
+            )
+    except _Interrupted as interrupted:
+        click.echo(f"fastdata warm: stopped by {interrupted.reason}; {interrupted}", err=True)
+        _exit_now(interrupted.code)
     if params["as_json"]:
         _print_json(result.as_dict())
+    if result.stopped:
+        click.echo(stopped_line(result), err=True)
+        _exit_now(_SIGNAL_CODES.get(result.stopped, 1))
     for line in warm_summary(result):
         click.echo(line, err=bool(params["as_json"]))
-    click.get_current_context().exit(1 if result.failed else 0)
+    click.get_current_context().exit(0 if result.complete else 1)
+
+
+_SIGNAL_CODES = {"SIGINT": 130, "SIGTERM": 143}
+"""The exit status of a run stopped by a signal (128 + the signal number)."""
+
+
+class _Interrupted(BaseException):
+    """A signal that cannot wait for a clean stop (before or after fetching, or a second
+    one). A ``BaseException``, like ``KeyboardInterrupt``, so nothing catches it on the way."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.code = _SIGNAL_CODES.get(reason, 1)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: Any) -> Iterator[None]:
+    """NOTE[warm-stop]: SIGINT and SIGTERM ask ``warm`` to commit and return; a signal
+    while nothing is being fetched, or a second one, stops at once."""
+
+    def on_signal(signum: int, frame: object) -> None:
+        reason = signal.Signals(signum).name
+        if stop.requested:
+            raise _Interrupted(
+                reason,
+                "a second signal while committing; what was committed is cached, rerun "
+                "the same command to resume",
+            )
+        if not stop.request(reason):
+            raise _Interrupted(
+                reason, "nothing fetched by this run is lost; rerun the same command to resume"
+            )
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _exit_now(code: int) -> None:
+    """Exit with ``code``; without waiting for fetch threads a stop abandoned (they may
+    wait out the store's retry budget), which ``sys.exit`` would join."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if any(t.name.startswith("fastdata-warm") and t.is_alive() for t in threading.enumerate()):
+        os._exit(code)
+    sys.exit(code)
 
 
 @cli.command("stats")
@@ -467,7 +582,9 @@ def stats_command(cache_dir: str | None, max_bytes: int | None, as_json: bool) -
     cache: dict[str, Any] = {"dir": cache_dir} if cache_dir else {}
     if max_bytes is not None:
         cache["max_bytes"] = max_bytes
-    report = cache_stats(load_config(cache=cache).cache)
+    config = load_config(cache=cache)
+    _check_cache_dir(config, write=False)
+    report = cache_stats(config.cache)
     if as_json:
         _print_json(report.as_dict())
         return
@@ -510,6 +627,8 @@ def doctor_command(url: str, **params: Any) -> None:
     )
     as_json = params.pop("as_json")
     spec, config = _dataset_cfg(url, params)
+    # Only a directory that cannot exist: a read-only one may hold a warm cache to read.
+    _check_cache_dir(config, write=False, needs="doctor cannot save the index in it")
     report = doctor(spec, config=config, plan=plan, options=options)
     if as_json:
         _print_json(report.as_dict())
@@ -531,7 +650,9 @@ def clear_command(dataset: str | None, cache_dir: str | None, yes: bool, as_json
     """Remove one dataset from the node cache, or everything (safe while others read)."""
     from fastdata.ops import clear_cache
 
-    config = load_config(cache={"dir": cache_dir} if cache_dir else {}).cache
+    full_config = load_config(cache={"dir": cache_dir} if cache_dir else {})
+    _check_cache_dir(full_config, write=True)
+    config = full_config.cache
     what = f"dataset {dataset}" if dataset else "every dataset"
     if not yes:
         if not sys.stdin.isatty():

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from fastdata.cache import LmdbTier
+from fastdata.cache import DatasetInfo, LmdbTier
 from fastdata.config import CacheConfig
 from fastdata.errors import ConfigError
 from fastdata.index import normalize_url
@@ -23,7 +24,8 @@ __all__ = ["ClearResult", "clear_cache", "match_datasets"]
 
 logger = logging.getLogger(__name__)
 
-_ID_RE = re.compile(r"[0-9a-fA-F]{16}")
+_HEX_RE = re.compile(r"[0-9a-fA-F]+")
+_ID_HEX_DIGITS = 16
 
 
 @dataclass(frozen=True)
@@ -50,20 +52,36 @@ class ClearResult:
 
 
 def match_datasets(
-    dataset: str, tier: LmdbTier, saved: list[SavedIndex]
+    dataset: str, known: Sequence[DatasetInfo], saved: list[SavedIndex]
 ) -> tuple[set[bytes], list[SavedIndex]]:
-    """The dataset ids and saved indexes ``dataset`` (a URL or a 16-hex-digit id) names.
+    """The dataset ids and saved indexes ``dataset`` names.
 
-    A URL matches every saved index of that URL (any layout or pattern) and every cached
-    dataset registered under that URL.
+    ``dataset`` is a unique prefix of a dataset id as ``fastdata stats`` prints it
+    (hex digits, any case; a whole id always names itself), else a URL, which matches
+    every saved index of that URL (any layout or pattern) and every cached dataset
+    registered under that URL or name. ``known`` are the datasets the cache knows.
+
+    Raises:
+        ConfigError: The prefix matches several datasets (the message lists them).
     """
-    if _ID_RE.fullmatch(dataset):
-        wanted = bytes.fromhex(dataset)
-        return {wanted}, [s for s in saved if s.dataset_id == wanted]
+    if _HEX_RE.fullmatch(dataset):
+        names = {s.dataset_id: s.url for s in saved}
+        names.update({d.dataset_id: d.name or names.get(d.dataset_id, "") for d in known})
+        prefix = dataset.lower()
+        matches = sorted(d for d in names if d.hex().startswith(prefix))
+        if len(matches) > 1:
+            listed = ", ".join(f"{d.hex()} ({names[d] or 'no name'})" for d in matches)
+            raise ConfigError(
+                f"dataset id prefix {dataset!r} is ambiguous: it matches {len(matches)} "
+                f"datasets: {listed}; give more digits of the id (see `fastdata stats`)"
+            )
+        if matches or len(dataset) == _ID_HEX_DIGITS:
+            wanted = matches[0] if matches else bytes.fromhex(dataset)
+            return {wanted}, [s for s in saved if s.dataset_id == wanted]
     url = normalize_url(dataset)
     indexes = [s for s in saved if s.url == url]
     ids = {s.dataset_id for s in indexes}
-    ids |= {d.dataset_id for d in tier.datasets() if d.name == url}
+    ids |= {d.dataset_id for d in known if d.name in (url, dataset)}
     return ids, indexes
 
 
@@ -72,14 +90,14 @@ def clear_cache(config: CacheConfig, *, dataset: str | None = None) -> ClearResu
 
     Args:
         config: The cache settings (directory).
-        dataset: A dataset URL or hex id (as ``fastdata stats`` shows it); ``None``
-            clears every dataset.
+        dataset: A dataset URL, or a unique prefix of a hex id as ``fastdata stats``
+            shows it; ``None`` clears every dataset.
 
     Returns:
         What was removed (nothing, when the dataset is not cached).
 
     Raises:
-        ConfigError: A bad argument.
+        ConfigError: A bad argument, or an id prefix that matches several datasets.
         CacheError: The cache directory belongs to another user.
     """
     if not isinstance(config, CacheConfig):
@@ -98,7 +116,8 @@ def clear_cache(config: CacheConfig, *, dataset: str | None = None) -> ClearResu
             entries = tier.clear() if has_lmdb else 0
             indexes = saved
         else:
-            ids, indexes = match_datasets(dataset.strip(), tier, saved)
+            known = tier.datasets() if has_lmdb else []
+            ids, indexes = match_datasets(dataset.strip(), known, saved)
             entries = sum(tier.clear(d) for d in sorted(ids)) if has_lmdb else 0
     for index in indexes:
         remove_index(index)

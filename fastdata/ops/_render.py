@@ -31,6 +31,7 @@ __all__ = [
     "LogProgress",
     "doctor_lines",
     "stats_table",
+    "stopped_line",
     "warm_summary",
 ]
 
@@ -134,8 +135,19 @@ def warm_summary(result: WarmResult) -> list[str]:
             f"the {result.samples + result.over_budget} samples wanted; raise --max-bytes "
             "to warm the rest"
         )
-    if result.not_admitted:
-        lines.append(f"the cache filled up: {result.not_admitted} samples were not admitted")
+    if result.not_admitted and result.full_cause == "filesystem":
+        lines.append(
+            f"the cache's filesystem ran out of space ({format_size(result.free_disk_bytes)} "
+            f"free; the budget is {format_size(result.budget_bytes)}): "
+            f"{result.not_admitted} samples were not admitted; free space on it or use "
+            "another --cache-dir"
+        )
+    elif result.not_admitted:
+        lines.append(
+            f"the cache filled up its budget ({format_size(result.budget_bytes)}; "
+            f"{format_size(result.free_disk_bytes)} free on its filesystem): "
+            f"{result.not_admitted} samples were not admitted; raise --max-bytes"
+        )
     if result.failed_objects:
         lines.append(
             f"{len(result.failed_objects)} objects could not be fetched "
@@ -146,6 +158,16 @@ def warm_summary(result: WarmResult) -> list[str]:
             for f in result.failed_objects
         )
     return lines
+
+
+def stopped_line(result: WarmResult) -> str:
+    """The one line of a run stopped by a signal (NOTE[warm-stop] in ``fastdata/warm``)."""
+    cached = result.already_cached + result.fetched
+    return (
+        f"fastdata warm: stopped by {result.stopped}: {cached} of {result.samples} selected "
+        f"samples are cached ({result.fetched} fetched by this run, all committed); rerun "
+        "the same command to resume"
+    )
 
 
 def stats_table(report: CacheReport) -> list[Any]:
@@ -179,9 +201,12 @@ def stats_table(report: CacheReport) -> list[Any]:
             f"{format_size(c.get('bytes_read', 0))} / {format_size(c.get('bytes_written', 0))}",
         )
     datasets = Table(title="datasets")
+    # The id (``clear --dataset`` takes any unique prefix of it) and the name are never
+    # cut: a narrow terminal folds them over lines instead.
+    width = max((len(d.dataset_id) for d in report.datasets), default=10)
+    datasets.add_column("dataset id", no_wrap=True, min_width=width)
+    datasets.add_column("name", overflow="fold", ratio=1, min_width=16)
     columns: tuple[tuple[str, JustifyMethod], ...] = (
-        ("dataset id", "left"),
-        ("url", "left"),
         ("layout", "left"),
         ("samples", "right"),
         ("cached", "right"),
@@ -190,11 +215,11 @@ def stats_table(report: CacheReport) -> list[Any]:
         ("last read", "right"),
     )
     for name, justify in columns:
-        datasets.add_column(name, justify=justify)
+        datasets.add_column(name, justify=justify, no_wrap=True)
     for d in report.datasets:
         datasets.add_row(
             d.dataset_id,
-            d.url or "?",
+            d.name or d.url or "?",
             d.layout or "?",
             str(d.samples) if d.samples else "?",
             str(d.cached),

@@ -35,6 +35,9 @@ class DatasetReport:
     """Bytes those entries take (records and entry headers)."""
     last_access_s: float
     """Wall-clock time of the last recorded read, 0 when none."""
+    name: str = ""
+    """The name the dataset was registered with in the cache (what ``fastdata stats``
+    shows in full), else its URL; empty when unknown."""
 
     @property
     def cached_fraction(self) -> float:
@@ -114,6 +117,7 @@ def _datasets(tier: LmdbTier, cache_dir: Path) -> tuple[DatasetReport, ...]:
                 cached=info.entries if info else 0,
                 cached_bytes=info.bytes_used if info else 0,
                 last_access_s=info.last_access_s if info else 0.0,
+                name=(info.name if info else "") or (index.url if index else ""),
             )
         )
     out.sort(key=lambda d: (-d.last_access_s, d.url))
@@ -167,7 +171,7 @@ def cache_stats(config: CacheConfig) -> CacheReport:
 
 def _datasets_without_lmdb(cache_dir: Path) -> tuple[DatasetReport, ...]:
     return tuple(
-        DatasetReport(s.dataset_id.hex(), s.url, s.layout, s.samples, 0, 0, 0.0)
+        DatasetReport(s.dataset_id.hex(), s.url, s.layout, s.samples, 0, 0, 0.0, name=s.url)
         for s in saved_indexes(cache_dir)
     )
 

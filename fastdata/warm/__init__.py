@@ -6,13 +6,14 @@ only what the cache lacks, in parallel with bounded memory, shares the work with
 ``warm`` processes on the node, slows down while the store throttles, and reports every
 object it could not read. docs/cli.md describes the command and these notes:
 NOTE[warm-budget] (``_select.py``), NOTE[warm-claims] (``_claims.py``),
-NOTE[warm-throttle] (``_run.py``).
+NOTE[warm-throttle] and NOTE[warm-stop] (``_run.py``).
 
 This package imports no torch: ``fastdata warm`` starts without it.
 """
 
 from __future__ import annotations
 
+from fastdata.warm._run import WarmStop
 from fastdata.warm._select import access_order, node_order
 from fastdata.warm._types import (
     DatasetSpec,
@@ -34,6 +35,7 @@ __all__ = [
     "WarmProgress",
     "WarmResult",
     "WarmStatus",
+    "WarmStop",
     "access_order",
     "node_order",
     "select",

@@ -8,6 +8,7 @@ that fails is read again object by object to find the culprit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,11 +84,22 @@ def _failure(obj: int, exc: BaseException, samples: int) -> Failure:
     return Failure(obj, failure_kind(exc), f"{type(exc).__name__}: {exc}", samples)
 
 
-def fetch_samples(index: SampleIndex, store: Store, ids: np.ndarray) -> Fetched:
-    """Fetch and encode the samples ``ids`` (sorted); failures come back per object."""
+def fetch_samples(
+    index: SampleIndex,
+    store: Store,
+    ids: np.ndarray,
+    on_fault: Callable[[], None] | None = None,
+) -> Fetched:
+    """Fetch and encode the samples ``ids`` (sorted); failures come back per object.
+
+    ``on_fault`` is called (on this thread) as soon as the read fails, before the
+    objects are read again one by one (NOTE[warm-isolate] in ``_run.py``).
+    """
     try:
         return Fetched(ids, _records(index, store, ids))
     except (StoreError, CorruptRecordError) as exc:
+        if on_fault is not None:
+            on_fault()
         objects = np.asarray(index.locations(ids)["obj"])
         distinct = np.unique(objects)
         if len(distinct) == 1:

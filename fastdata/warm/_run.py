@@ -12,11 +12,29 @@ counter: when a finished task shows new throttled answers, the allowed concurren
 halved (at most once per ``_DECREASE_HOLD_S``, so that one burst halves it once);
 every ``limit`` tasks that finish without new throttling raise it by one, up to
 ``WarmConfig.concurrency``. The lowest value and the number of halvings are reported.
+
+NOTE[warm-isolate]: a task reads its objects (up to ``_MAX_TASK_OBJECTS``) in one
+``Store.get_many`` call, and a call that fails drops every body it had received; the
+task is then read again object by object to find the culprit, so the others are
+fetched twice. So once the store shows faults (a task's read failed: the task says so
+before it reads its objects again; or new retries in ``Store.stats()``), the loop makes
+every task one object, the ready tasks included: a later failure costs nothing but its
+own object. Only the tasks already in flight at that moment (at most ``concurrency``
+objects) can still be read twice.
+
+NOTE[warm-stop]: a :class:`WarmStop` (``fastdata warm`` requests it on SIGINT and
+SIGTERM) makes the loop stop claiming and dispatching, cancel the tasks not started,
+wait up to ``_STOP_GRACE_S`` for the requests in flight, then commit every record it
+holds (whole units and the fetched part of unfinished ones) and release its claims:
+nothing fetched is lost, so a rerun fetches none of it again. Tasks still running
+after the grace are abandoned (their results are dropped; their objects are fetched by
+the next run). The request only sets flags, so a signal handler may call it.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -31,9 +49,10 @@ from fastdata.index import SampleIndex
 from fastdata.store import Store
 from fastdata.warm._claims import ClaimFile
 from fastdata.warm._fetch import Failure, Fetched, fetch_samples
+from fastdata.warm._space import full_cause
 from fastdata.warm._types import WarmConfig, WarmProgress, WarmStatus
 
-__all__ = ["FetchLoop", "present_mask"]
+__all__ = ["FetchLoop", "WarmStop", "present_mask"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +63,44 @@ _WRITE_AGE_S = 1.0
 _FLUSH_BYTES = 32 * 1024**2  # plus the unit that crosses it: _select.WRITE_BATCH_BYTES
 _IDLE_POLL_S = 0.05
 _WAIT_S = 0.1
+_STOP_GRACE_S = 3.0
+
+
+class WarmStop:
+    """Asks a running ``warm`` to stop cleanly (NOTE[warm-stop]); safe in a signal handler.
+
+    Pass one to :func:`fastdata.warm.warm` as ``stop`` and call :meth:`request` from
+    another thread or a signal handler: the run commits what it fetched and returns a
+    result with ``stopped`` set.
+    """
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._reason = ""
+        self._fetching = False
+
+    def request(self, reason: str = "request") -> bool:
+        """Ask the run to stop; ``reason`` (e.g. ``SIGTERM``) ends up in the result.
+
+        Returns:
+            Whether a fetch loop is running now and will commit and return. ``False``
+            before fetching started or after it ended: the caller stops its own way
+            (nothing fetched is held then).
+        """
+        if not self._event.is_set():
+            self._reason = reason
+            self._event.set()
+        return self._fetching
+
+    @property
+    def requested(self) -> bool:
+        """Whether :meth:`request` was called."""
+        return self._event.is_set()
+
+    @property
+    def reason(self) -> str:
+        """The reason given to the first :meth:`request` (empty when none)."""
+        return self._reason
 
 
 def present_mask(tier: LmdbTier, index: SampleIndex, ids: np.ndarray) -> np.ndarray:
@@ -119,6 +176,17 @@ class FetchLoop:
         self._writing: tuple[Future[int], list[_Unit], list[CacheItem], int] | None = None
         self._last_report = 0.0
         self._started = time.monotonic()
+        self._active: dict[int, _Unit] = {}  # claimed, not yet queued for a write
+        self.stopped = ""
+        """Why the loop stopped early (NOTE[warm-stop]); empty when it finished."""
+        self.abandoned = 0
+        """Samples of tasks still running when a stop's grace ran out."""
+        self.full_cause = ""
+        self.one_object = False
+        """Whether tasks are one object each now (NOTE[warm-isolate])."""
+        self._seen_retries = store.stats().retries
+        self._faulted = threading.Event()  # set by a task whose read failed
+        """``budget`` or ``filesystem`` once the tier refused records (NOTE[warm-space])."""
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -126,32 +194,71 @@ class FetchLoop:
         self,
         units: list[tuple[int, np.ndarray, int]],
         progress: WarmProgress | None,
+        stop: WarmStop | None = None,
     ) -> None:
-        """Fetch every ``(unit, ids, estimated bytes)``; returns when all are settled.
+        """Fetch every ``(unit, ids, estimated bytes)``; returns when all are settled, or
+        when ``stop`` is requested and what was fetched is committed (NOTE[warm-stop]).
 
         Raises:
             CacheError: The LMDB tier cannot be written.
         """
         self._pending.extend(units)
         self._started = time.monotonic()
-        with (
-            ThreadPoolExecutor(
-                max_workers=min(self.options.concurrency, 64), thread_name_prefix="fastdata-warm"
-            ) as pool,
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastdata-warm-write") as writer,
-        ):
+        pool = ThreadPoolExecutor(
+            max_workers=min(self.options.concurrency, 64), thread_name_prefix="fastdata-warm"
+        )
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastdata-warm-write") as writer:
             try:
+                if stop is not None:
+                    stop._fetching = True
                 while self._busy():
+                    if stop is not None and stop.requested:
+                        self._drain(writer, stop.reason)
+                        break
                     self._fill(pool)
                     self._collect()
                     self._flush(writer, force=not self._futures)
                     self._report(progress)
             finally:
+                if stop is not None:
+                    stop._fetching = False
                 for future in self._futures:
                     future.cancel()
                 if self._writing is not None:
                     wait([self._writing[0]])
-        self._report(progress, final=True)
+                # After a stop the tasks still running are abandoned, not waited for.
+                pool.shutdown(wait=not self.stopped, cancel_futures=True)
+        self._report(None if self.stopped else progress, final=True)
+
+    def _drain(self, writer: ThreadPoolExecutor, reason: str) -> None:
+        """NOTE[warm-stop]: claim nothing more, commit what was fetched, release claims."""
+        self.stopped = reason or "request"
+        self._pending.clear()
+        self._deferred.clear()
+        self._ready.clear()
+        for future, task in list(self._futures.items()):
+            if future.cancel():
+                self._drop_task(future, task)
+        deadline = time.monotonic() + _STOP_GRACE_S
+        while self._futures and time.monotonic() < deadline:
+            self._collect()
+        for future, task in list(self._futures.items()):
+            self.abandoned += len(task.ids)
+            self._drop_task(future, task)
+        logger.info("stopping (%s): committing what was fetched", self.stopped)
+        for unit in list(self._active.values()):
+            if unit.fetched:
+                self._queue_write(unit)  # the fetched part of an unfinished unit
+            else:
+                del self._active[unit.unit]
+                self.claims.release(unit.unit)
+        while self._to_write or self._writing is not None:
+            self._flush(writer, force=True)
+
+    def _drop_task(self, future: Future[Fetched], task: _Task) -> None:
+        del self._futures[future]
+        self._tokens -= task.tokens
+        self._inflight_bytes -= task.est_bytes
 
     def _busy(self) -> bool:
         return bool(
@@ -169,6 +276,8 @@ class FetchLoop:
         return self._inflight_bytes + self._to_write_bytes + writing
 
     def _fill(self, pool: ThreadPoolExecutor) -> None:
+        if self._faulted.is_set():
+            self._isolate()
         while not self._full:
             task = self._ready.popleft() if self._ready else self._claim_next()
             if task is None:
@@ -180,7 +289,7 @@ class FetchLoop:
             if busy:
                 self._ready.appendleft(task)
                 return
-            future = pool.submit(fetch_samples, self.index, self.store, task.ids)
+            future = pool.submit(fetch_samples, self.index, self.store, task.ids, self._faulted.set)
             self._futures[future] = task
             self._tokens += task.tokens
             self._inflight_bytes += task.est_bytes
@@ -212,20 +321,22 @@ class FetchLoop:
         if not len(ids):
             self.claims.release(unit_id)
             return False
-        unit = _Unit(unit_id, ids, est_bytes)
+        unit = self._active[unit_id] = _Unit(unit_id, ids, est_bytes)
         tasks = self._split(unit)
         unit.tasks_left = len(tasks)
         self._ready.extend(tasks)
         return True
 
-    def _split(self, unit: _Unit) -> list[_Task]:
-        """Tasks of at most a few objects each, so that several run at once."""
-        objects = np.asarray(self.index.locations(unit.ids)["obj"])
+    def _split(self, unit: _Unit, ids: np.ndarray | None = None) -> list[_Task]:
+        """Tasks of at most a few objects each, so that several run at once; one object
+        each once the store shows faults (NOTE[warm-isolate])."""
+        ids = unit.ids if ids is None else ids
+        objects = np.asarray(self.index.locations(ids)["obj"])
         run = np.concatenate(([0], np.cumsum(objects[1:] != objects[:-1])))
-        per_task = max(1, min(_MAX_TASK_OBJECTS, self.limit // 2))
+        per_task = 1 if self.one_object else max(1, min(_MAX_TASK_OBJECTS, self.limit // 2))
         which = run // per_task
         bounds = np.flatnonzero(np.diff(which)) + 1
-        parts = np.split(unit.ids, bounds)
+        parts = np.split(ids, bounds)
         runs = np.split(run, bounds)
         return [
             _Task(
@@ -236,6 +347,25 @@ class FetchLoop:
             )
             for part, r in zip(parts, runs, strict=True)
         ]
+
+    def _watch_faults(self, fetched: Fetched) -> None:
+        """NOTE[warm-isolate]: one object per task from the first sign of faults on."""
+        if self.one_object:
+            return
+        faulted = fetched.failures or self._faulted.is_set()
+        if faulted or self.store.stats().retries > self._seen_retries:
+            self._isolate()
+
+    def _isolate(self) -> None:
+        if self.one_object:
+            return
+        self.one_object = True
+        logger.info("the store shows faults: reading one object per task from now on")
+        ready, self._ready = self._ready, deque()
+        for task in ready:
+            parts = self._split(task.unit, task.ids) if task.tokens > 1 else [task]
+            task.unit.tasks_left += len(parts) - 1
+            self._ready.extend(parts)
 
     def _collect(self) -> None:
         waiting: list[Future[Any]] = list(self._futures)
@@ -254,6 +384,7 @@ class FetchLoop:
             self._inflight_bytes -= task.est_bytes
             fetched = future.result()  # errors other than per-object failures propagate
             self._adapt()
+            self._watch_faults(fetched)
             if self._full:
                 self.not_admitted += len(task.ids)
                 continue
@@ -285,6 +416,7 @@ class FetchLoop:
     # -- writes --------------------------------------------------------------------------
 
     def _queue_write(self, unit: _Unit) -> None:
+        self._active.pop(unit.unit, None)
         if not self._to_write:
             self._oldest_write = time.monotonic()
         self._to_write.append(unit)
@@ -344,7 +476,12 @@ class FetchLoop:
             self.failures.extend(failures)
             self.status.failed += sum(x.samples for x in failures)
             self.status.fetched += fetched
-            self._settle(0, unit.est_bytes, cached=False, count=len(unit.ids))
+            if unit.tasks_left:  # the fetched part of a unit a stop cut short
+                settled = fetched + sum(x.samples for x in failures)
+                share = unit.est_bytes * settled // len(unit.ids)
+                self._settle(0, share, cached=False, count=settled)
+            else:
+                self._settle(0, unit.est_bytes, cached=False, count=len(unit.ids))
         self.status.fetched -= refused
 
     def _stop_full(self, refused: int) -> None:
@@ -353,14 +490,28 @@ class FetchLoop:
         left = sum(len(ids) for _, ids, _ in (*self._pending, *self._deferred))
         left += sum(len(t.ids) for t in self._ready)
         self.not_admitted += refused + left
-        logger.warning(
-            "the cache at %s is full: %d fetched samples were not admitted and %d more "
-            "are not fetched; raise --max-bytes (the budget is %d bytes)",
-            self.tier.root,
-            refused,
-            left,
-            self.tier.config.max_bytes,
-        )
+        cause, free = full_cause(self.tier)
+        self.full_cause = cause
+        if cause == "filesystem":
+            logger.warning(
+                "the filesystem of the cache at %s is full (%d bytes free, %d kept free by "
+                "min_free_bytes): %d fetched samples were not admitted and %d more are not "
+                "fetched; free space on it or use another --cache-dir",
+                self.tier.root,
+                free,
+                self.tier.config.min_free_bytes,
+                refused,
+                left,
+            )
+        else:
+            logger.warning(
+                "the cache at %s is full: %d fetched samples were not admitted and %d more "
+                "are not fetched; raise --max-bytes (the budget is %d bytes)",
+                self.tier.root,
+                refused,
+                left,
+                self.tier.config.max_bytes,
+            )
         self._pending.clear()
         self._deferred.clear()
         self._ready.clear()

@@ -229,6 +229,14 @@ class WarmResult:
     """Wall time of the fetch phase."""
     index_seconds: float
     """Wall time to open (or build) the index and select the samples."""
+    stopped: str = ""
+    """Why the run stopped before it was done (``SIGTERM``, ``SIGINT``: NOTE[warm-stop]
+    in ``_run.py``); empty when it ran to the end. Everything it fetched is committed."""
+    full_cause: Literal["", "budget", "filesystem"] = ""
+    """Why the cache refused samples (``not_admitted``): its byte budget, or the free
+    space of its filesystem; empty when it refused none."""
+    free_disk_bytes: int = 0
+    """Free bytes on the cache's filesystem at the end of the run."""
 
     @property
     def mb_per_s(self) -> float:
@@ -238,7 +246,7 @@ class WarmResult:
     @property
     def complete(self) -> bool:
         """Every selected sample is in the cache."""
-        return self.failed == 0 and self.not_admitted == 0
+        return self.failed == 0 and self.not_admitted == 0 and not self.stopped
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the ``fastdata warm --json`` summary)."""

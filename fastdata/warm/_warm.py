@@ -16,7 +16,7 @@ from fastdata.index import SampleIndex
 from fastdata.store import Store
 from fastdata.warm._claims import ClaimFile
 from fastdata.warm._fetch import Failure
-from fastdata.warm._run import FetchLoop, present_mask
+from fastdata.warm._run import FetchLoop, WarmStop, present_mask
 from fastdata.warm._select import (
     access_order,
     claim_units,
@@ -25,6 +25,7 @@ from fastdata.warm._select import (
     room_bytes,
     source_bytes,
 )
+from fastdata.warm._space import check_disk_room, disk_room
 from fastdata.warm._types import (
     DatasetSpec,
     FailedObject,
@@ -115,7 +116,7 @@ def _failed_objects(index: SampleIndex, failures: list[Failure]) -> tuple[Failed
 
 
 def _check_args(
-    spec: object, config: object, plan: object, options: object, progress: object
+    spec: object, config: object, plan: object, options: object, progress: object, stop: object
 ) -> None:
     if not isinstance(spec, DatasetSpec):
         raise ConfigError(f"warm takes a DatasetSpec, not {type(spec).__name__}")
@@ -127,6 +128,8 @@ def _check_args(
         raise ConfigError(f"options must be a WarmConfig, got {type(options).__name__}")
     if progress is not None and not callable(getattr(progress, "update", None)):
         raise ConfigError(f"progress must have an update(status) method, got {progress!r}")
+    if stop is not None and not isinstance(stop, WarmStop):
+        raise ConfigError(f"stop must be a WarmStop or None, got {type(stop).__name__}")
 
 
 def warm(
@@ -136,6 +139,7 @@ def warm(
     plan: NodePlan | None = None,
     options: WarmConfig | None = None,
     progress: WarmProgress | None = None,
+    stop: WarmStop | None = None,
 ) -> WarmResult:
     """Fill the node's LMDB cache with a dataset's samples; rerun to resume.
 
@@ -154,6 +158,8 @@ def warm(
         plan: Warm only what this node reads (``None``: the whole dataset).
         options: Concurrency and memory bounds.
         progress: Told about the run a few times per second.
+        stop: Request it to stop the run cleanly: what was fetched is committed and the
+            result says ``stopped`` (NOTE[warm-stop]).
 
     Returns:
         What was selected, found, fetched and failed.
@@ -163,7 +169,7 @@ def warm(
         CacheError: The cache directory cannot be used.
         StoreError: The dataset cannot be listed or indexed.
     """
-    _check_args(spec, config, plan, options, progress)
+    _check_args(spec, config, plan, options, progress, stop)
     config = config or FastdataConfig.from_environ()
     options = options or WarmConfig()
     if not config.cache.enabled:
@@ -181,9 +187,11 @@ def warm(
         present = _present(tier, index, selection.ids)
         index_s = time.monotonic() - started
         _warn_over_budget(selection)
+        missing = selection.est_bytes[~present]
+        check_disk_room(tier, len(missing), int(record_costs(missing).sum()))
         loop = FetchLoop(index, store, tier, ClaimFile.open(tier.root, index.dataset_id), options)
         try:
-            phase = _fetch_missing(loop, selection, present, progress)
+            phase = _fetch_missing(loop, selection, present, progress, stop)
         finally:
             loop.claims.close()
     return _result(loop, selection, phase, plan_used=plan is not None, index_s=index_s)
@@ -219,6 +227,7 @@ class _Phase:
     retries: int
     throttled: int
     bytes_written: int
+    free_disk_bytes: int
 
 
 def _warn_over_budget(selection: Selection) -> None:
@@ -234,7 +243,11 @@ def _warn_over_budget(selection: Selection) -> None:
 
 
 def _fetch_missing(
-    loop: FetchLoop, selection: Selection, present: np.ndarray, progress: WarmProgress | None
+    loop: FetchLoop,
+    selection: Selection,
+    present: np.ndarray,
+    progress: WarmProgress | None,
+    stop: WarmStop | None,
 ) -> _Phase:
     missing, missing_est = selection.ids[~present], selection.est_bytes[~present]
     status = loop.status
@@ -244,7 +257,7 @@ def _fetch_missing(
     status.to_fetch_bytes = int(missing_est.sum())
     before, tier_before = loop.store.stats(), loop.tier.stats()
     started = time.monotonic()
-    loop.run(_units(loop.index, missing, missing_est, loop.options), progress)
+    loop.run(_units(loop.index, missing, missing_est, loop.options), progress, stop)
     seconds = time.monotonic() - started
     after, tier_after = loop.store.stats(), loop.tier.stats()
     return _Phase(
@@ -254,6 +267,7 @@ def _fetch_missing(
         retries=after.retries - before.retries,
         throttled=after.throttled - before.throttled,
         bytes_written=tier_after.bytes_written - tier_before.bytes_written,
+        free_disk_bytes=disk_room(loop.tier)[1],
     )
 
 
@@ -286,4 +300,7 @@ def _result(
         peak_held_bytes=summary["peak_held_bytes"],
         seconds=phase.seconds,
         index_seconds=index_s,
+        stopped=loop.stopped,
+        full_cause=loop.full_cause,  # type: ignore[arg-type]  # "", "budget" or "filesystem"
+        free_disk_bytes=phase.free_disk_bytes,
     )

@@ -212,3 +212,32 @@ def test_tasks_split_units_by_objects(tmp_path: Path, limit: int) -> None:
     assert np.array_equal(np.concatenate([t.ids for t in tasks]), np.arange(40))
     assert all(t.tokens == len(t.ids) for t in tasks)
     tier.close()
+
+
+def test_after_a_fault_every_task_is_one_object_the_ready_ones_too(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    root.mkdir()
+    for i in range(40):
+        (root / f"{i:03d}.bin").write_bytes(b"z" * 10)
+    index = open_index(str(root), layout="files", cache_dir=tmp_path / "cache")
+    tier = LmdbTier(CacheConfig(dir=str(tmp_path / "cache"), min_free_bytes=0))
+    loop = FetchLoop(index, _CountingStore(), tier, None, WarmConfig(concurrency=8))  # type: ignore[arg-type]
+    from fastdata.warm._fetch import Fetched
+    from fastdata.warm._run import _Unit
+
+    unit = _Unit(0, np.arange(40), 400)
+    tasks = loop._split(unit)
+    unit.tasks_left = len(tasks)
+    assert {len(t.ids) for t in tasks} == {4}
+    loop._ready.extend(tasks)
+    loop._watch_faults(Fetched(np.arange(0), []))  # no fault seen: nothing changes
+    assert not loop.one_object
+    loop._faulted.set()  # a task's read failed (NOTE[warm-isolate])
+    loop._watch_faults(Fetched(np.arange(0), []))
+    assert loop.one_object
+    assert [len(t.ids) for t in loop._ready] == [1] * 40
+    assert unit.tasks_left == 40
+    assert np.array_equal(np.concatenate([t.ids for t in loop._ready]), np.arange(40))
+    assert sum(t.est_bytes for t in loop._ready) == 400
+    assert {len(t.ids) for t in loop._split(_Unit(1, np.arange(8), 80))} == {1}
+    tier.close()
