@@ -328,7 +328,14 @@ class SampleIndex:
             self._request(int(o), int(s), int(e))
             for o, s, e in zip(unit_obj, unit_start, unit_end, strict=True)
         ]
-        buffers = store.get_many(requests)
+        try:
+            buffers = store.get_many(requests)
+        except ObjectChangedError as exc:
+            raise ObjectChangedError(
+                f"{exc}. The index of {self.url} was built before this object changed; "
+                "reopen the dataset with consistency='validate' (the default; "
+                "`--consistency validate` on the command line) to index its new version"
+            ) from exc
         order = np.argsort(unit_of, kind="stable")
         bounds = np.searchsorted(unit_of[order], np.arange(len(requests) + 1))
         out: list[Sample | None] = [None] * len(ids)
