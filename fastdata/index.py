@@ -432,6 +432,11 @@ class IndexSource:
         """The dataset's normalized URL (the name the cache registers it under)."""
         return self.index.url
 
+    @property
+    def name(self) -> str:
+        """``<url> @ <store identity>``: what ``fastdata stats`` shows for the namespace."""
+        return f"{self.index.url} @ {self.index.store_identity}"
+
     def __len__(self) -> int:
         return len(self.index)
 

@@ -368,10 +368,13 @@ class ReadThroughCache:
         if not pending:
             return
         source = self.source
+        # A source may name itself more fully than by its URL (IndexSource adds the
+        # store's endpoint), so `fastdata stats` tells two servers' datasets apart.
+        name = str(getattr(source, "name", "") or source.url)
         self._unregistered = [
             tier
             for tier in pending
-            if tier.register_dataset(source.dataset_id, num_samples=len(source), name=source.url)
+            if tier.register_dataset(source.dataset_id, num_samples=len(source), name=name)
             is False
         ]
 

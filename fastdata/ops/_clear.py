@@ -81,7 +81,8 @@ def match_datasets(
     url = normalize_url(dataset)
     indexes = [s for s in saved if s.url == url]
     ids = {s.dataset_id for s in indexes}
-    ids |= {d.dataset_id for d in known if d.name in (url, dataset)}
+    # Names are "<url> @ <store identity>" (IndexSource.name); older ones the bare URL.
+    ids |= {d.dataset_id for d in known if d.name.split(" @ ")[0] in (url, dataset)}
     return ids, indexes
 
 
