@@ -293,7 +293,11 @@ class LmdbTier:
         # LMDB reports a short write as EIO: on a filesystem that is (nearly) out of
         # space, that is the full disk.
         short = free is not None and free < 2 * self.config.write_txn_bytes
-        if code in _DISK_FULL_ERRNOS or (code == errno.EIO and short):
+        if (
+            code in _DISK_FULL_ERRNOS
+            or isinstance(exc, lmdb.DiskError)
+            or (code == errno.EIO and short)
+        ):
             state, what = "disk_full", "the filesystem is full"
         elif code in _env.READ_ONLY_ERRNOS | {errno.EIO} or isinstance(exc, lmdb.PanicError):
             state, what = "read_only", "a write failed"
@@ -564,19 +568,24 @@ class LmdbTier:
 
     def _drop_corrupt(self, handle: _env.EnvHandle, keys: list[bytes]) -> list[bytes]:
         """Delete the entries of keys that fail their check; returns their keys."""
-        failed: list[bytes] = []
-        delete = not self._writes_blocked(handle)  # else: found, counted, left in place
-        try:
-            with handle.shared(), handle.env.begin(write=delete, buffers=True) as txn:
-                for key in keys:
-                    value = txn.get(key, db=handle.records)
-                    if value is not None and not self._entry_ok(key, value):
-                        if delete:
-                            self._delete(handle, txn, key, len(value))
-                        failed.append(key)
-        except lmdb.Error as exc:
-            self._write_fault(exc)
-        return failed
+        for _ in (0, 1):
+            failed: list[bytes] = []
+            delete = not self._writes_blocked(handle)  # else: found, counted, left in place
+            try:
+                with handle.shared(), handle.env.begin(write=delete, buffers=True) as txn:
+                    for key in keys:
+                        value = txn.get(key, db=handle.records)
+                        if value is not None and not self._entry_ok(key, value):
+                            if delete:
+                                self._delete(handle, txn, key, len(value))
+                            failed.append(key)
+                return failed
+            except lmdb.Error as exc:
+                if not delete:
+                    _log.debug("LMDB cache %s entries not checked again: %s", self.root, exc)
+                    break
+                self._write_fault(exc)  # then checked again without deleting
+        return []
 
     def _entry_ok(self, key: bytes, value: Any) -> bool:
         n = len(value) - HEADER_BYTES
