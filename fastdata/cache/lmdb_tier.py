@@ -452,7 +452,7 @@ class LmdbTier:
                 type(exc).__name__,
                 exc,
             )
-        elif began:
+        elif began or isinstance(exc, lmdb.PanicError):
             self._structural_fault(handle, exc)
         else:
             self._degrade("read", f"{type(exc).__name__}: {exc}")
