@@ -262,6 +262,8 @@ class _FormatMismatch(Exception):
 _REBUILD_ERRORS: tuple[type[BaseException], ...] = (*CORRUPT_ERRORS, _FormatMismatch, DamagedFile)
 #: Errors (errno) that mean "this directory cannot be written": open it read-only.
 READ_ONLY_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+#: Errors (errno) that mean "the filesystem is full" (NOTE[lmdb-write-off]).
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class Gate:
@@ -633,10 +635,20 @@ def _open(root: Path, budget_map_bytes: int, max_readers: int, readahead: bool) 
             return _open_writable(root, budget_map_bytes, max_readers, readahead)
     except (OSError, lmdb.Error) as exc:
         code = exc.errno if isinstance(exc, OSError) else getattr(exc, "code", None)
-        if code not in READ_ONLY_ERRNOS:
+        if code not in READ_ONLY_ERRNOS | DISK_FULL_ERRNOS:
             raise
         reason = f"{type(exc).__name__}: {exc}"
-    return _open_read_only(root, budget_map_bytes, readahead, reason)
+        # NOTE[lmdb-write-off]: no room for the lock file (or the first pages) either.
+        disk_full = code in DISK_FULL_ERRNOS and turn_writes_off(root, "disk_full", reason)
+    handle = _open_read_only(root, budget_map_bytes, readahead, reason)
+    if disk_full:
+        _log.warning(
+            "LMDB cache %s cannot store records: the filesystem is full (%s); opened it "
+            "read-only for the rest of this process: it serves what it holds",
+            root,
+            reason,
+        )
+    return handle
 
 
 def _open_writable(
@@ -884,32 +896,34 @@ def quarantine_handle(handle: EnvHandle, reason: str) -> Path | None:
 
 #: NOTE[lmdb-write-off]: directories whose LMDB writes are off for the rest of this
 #: process, with the state and the reason; inherited by forked children (same run).
-_WRITES_OFF: dict[Path, tuple[str, str]] = {}
+#: Keyed by ``str(root)``: ``dict.setdefault`` with a str key is atomic, so no lock
+#: (``acquire`` calls in here while holding the registry lock).
+_WRITES_OFF: dict[str, tuple[str, str]] = {}
 
 
 def turn_writes_off(root: Path, state: str, reason: str) -> bool:
     """Stop every LMDB write to ``root`` in this process; ``True`` the first time."""
-    with _REGISTRY_LOCK:
-        if root in _WRITES_OFF:
-            return False
-        _WRITES_OFF[root] = (state, reason)
-        return True
+    entry = (state, reason)
+    return _WRITES_OFF.setdefault(str(root), entry) is entry
 
 
 def writes_off(root: Path) -> tuple[str, str] | None:
     """``(state, reason)`` when writes to ``root`` are off for this process, else ``None``."""
-    return _WRITES_OFF.get(root)
+    return _WRITES_OFF.get(str(root))
 
 
 def quarantine_bytes(root: Path) -> int:
     """Bytes held by quarantined copies under ``root/quarantine``."""
     total = 0
     base = root / "quarantine"
-    if base.is_dir():
-        for path in base.rglob("*"):
-            with contextlib.suppress(OSError):
-                if path.is_file():
-                    total += path.stat().st_size
+    try:
+        if base.is_dir():
+            for path in base.rglob("*"):
+                with contextlib.suppress(OSError):
+                    if path.is_file():
+                        total += path.stat().st_size
+    except OSError as exc:  # an unreadable directory holds nothing we can count
+        _log.debug("cannot measure %s: %s", base, exc)
     return total
 
 

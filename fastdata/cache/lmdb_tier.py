@@ -91,7 +91,6 @@ _FULL_RETRY_S = 300.0
 _SPLIT_DEPTH = 3
 #: What :meth:`LmdbTier.write_state` answers (NOTE[lmdb-write-off]).
 WriteState = Literal["ok", "budget_full", "disk_full", "read_only", "unavailable"]
-_DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 #: Batches with at least this many record bytes are verified on the pool threads.
 _PARALLEL_VERIFY_BYTES = 8 * 1024**2
 _DATASET_OF = operator.itemgetter(slice(0, DATASET_ID_BYTES))
@@ -294,7 +293,7 @@ class LmdbTier:
         # space, that is the full disk.
         short = free is not None and free < 2 * self.config.write_txn_bytes
         if (
-            code in _DISK_FULL_ERRNOS
+            code in _env.DISK_FULL_ERRNOS
             or isinstance(exc, lmdb.DiskError)
             or (code == errno.EIO and short)
         ):
@@ -1189,7 +1188,7 @@ class LmdbTier:
         """Bytes this user may still write on the cache directory's filesystem
         (``statvfs``: ``f_bavail * f_frsize``), or ``None`` when it cannot be measured."""
         path = self.root
-        while not path.exists() and path != path.parent:
+        while not os.path.isdir(path) and path != path.parent:
             path = path.parent
         try:
             vfs = os.statvfs(path)

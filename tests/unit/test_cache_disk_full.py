@@ -289,3 +289,27 @@ def test_write_state_tells_a_full_budget_from_a_full_filesystem(tmp_path: Path, 
         free = tier.disk_free_bytes()
         assert free is not None
         assert free < 9 * 1024**2
+
+
+def test_no_room_for_the_lock_file_opens_the_warm_cache_read_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    source = FakeSource(40, size=5_000)
+    config = config_in(tmp_path / "cache")
+    with ReadThroughCache([LmdbTier(config)], source, config=config) as cache:
+        assert cold_epoch(cache, source) == 40
+
+    def no_room(path: Path) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(_env, "flocked", no_room)
+    tier = LmdbTier(config)
+    with caplog.at_level(logging.WARNING), ReadThroughCache([tier], source, config=config) as cache:
+        assert cold_epoch(cache, source) == 40
+        assert tier.stats().hits == 40
+        assert source.reads == 3  # the first epoch's batches only
+        assert tier.stats().read_only
+        assert tier.write_state() == "disk_full"
+    warnings = lmdb_warnings(caplog)
+    assert len(warnings) == 1, warnings
+    assert "filesystem is full" in warnings[0]
