@@ -43,6 +43,35 @@ failure is SIGBUS). Commits fsync the data pages but not the meta page
 (``metasync=False``): LMDB keeps its integrity that way, a process crash loses at most
 uncommitted writes, and a system crash at most the last commit — a cache needs no more,
 and it writes 2.3x faster (688 vs 295 MB/s for 25 MB commits on this machine's disk).
+
+NOTE[lmdb-meta]: LMDB maps ``data.mdb``; a read of a page past the end of the file is
+SIGBUS, which kills the process (Python cannot catch it). LMDB 0.9 itself never compares
+the file's length with its meta pages. So before any process maps the file,
+:func:`check_data_file` reads both meta pages with ``pread`` (which fails, never
+signals) and checks them the way ``mdb_env_read_header`` does (``P_META`` page flag,
+magic ``0xBEEFC0DE``, data format version 1, a power-of-two page size), and then that
+the file holds every page the newer meta page (higher ``mm_txnid``) claims:
+``length >= (mm_last_pg + 1) * page size``. A file that fails is damaged (a copy cut
+short, a full disk, a truncation): it is quarantined like any unreadable environment
+and the cache starts empty. The layout (``mdb.c``, 64-bit; ``=`` byte order)::
+
+    page header  0  u64 mp_pgno | 8 u16 mp_pad | 10 u16 mp_flags (P_META = 0x08) | 12 u16 x2
+    MDB_meta    16  u32 mm_magic | 20 u32 mm_version | 24 ptr mm_address | 32 u64 mm_mapsize
+                40  MDB_db mm_dbs[2], 48 bytes each (mm_psize is mm_dbs[0].md_pad, u32 at 40)
+               136  u64 mm_last_pg | 144 u64 mm_txnid
+
+Meta page 0 is at offset 0 and meta page 1 at one page size.
+
+NOTE[lmdb-shrink]: a file can also shrink while it is mapped (another process or a
+person truncates it). Each :class:`EnvHandle` remembers the length it last checked
+(``checked_bytes``); the LMDB tier calls :meth:`EnvHandle.damage` at the start of every
+call, which is one ``fstat`` of the data descriptor, and runs the full check again only
+when the length differs. A damaged handle is never used again in this process (the next
+call quarantines the files, if they are still the directory's, and opens a fresh
+environment). What no check can cover: a truncation that lands while a call is reading
+(between the check and the last page it touches), and a lease held open across the
+truncation (its buffers point into the map, so the gather that reads them faults). On
+Linux, nothing short of reading through ``pread`` instead of the map can make that safe.
 """
 
 from __future__ import annotations
@@ -54,6 +83,8 @@ import logging
 import os
 import shutil
 import stat
+import struct
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -69,11 +100,18 @@ __all__ = [
     "EnvHandle",
     "EnvUnavailable",
     "Gate",
+    "DamagedFile",
+    "MetaPage",
     "acquire",
+    "check_data_file",
     "flocked",
     "prepare_root",
     "quarantine",
+    "quarantine_handle",
+    "read_meta",
     "release",
+    "turn_writes_off",
+    "writes_off",
 ]
 
 _log = logging.getLogger(__name__)
@@ -101,6 +139,117 @@ CORRUPT_ERRORS: tuple[type[BaseException], ...] = tuple(
 )
 
 
+#: NOTE[lmdb-meta]: the start of a meta page: page header and ``MDB_meta`` up to mm_txnid.
+_META = struct.Struct("=QHH4xIIQQI44x48xQQ")
+_P_META = 0x08
+_MDB_MAGIC = 0xBEEFC0DE
+_MDB_DATA_VERSION = 1
+#: File offset of meta page 0's page size (``mm_dbs[0].md_pad``), for tests that damage it.
+META_PSIZE_OFFSET = 40
+_MIN_PSIZE, _MAX_PSIZE = 512, 65536
+
+
+@dataclass(frozen=True, slots=True)
+class MetaPage:
+    """What the newer valid meta page of a data file says (NOTE[lmdb-meta])."""
+
+    psize: int
+    """Page size in bytes."""
+    last_pg: int
+    """Number of the last page in use (``mm_last_pg``)."""
+    txnid: int
+    """Id of the last committed transaction (``mm_txnid``)."""
+
+    @property
+    def required_bytes(self) -> int:
+        """The length the data file must have: every page up to ``last_pg``."""
+        return (self.last_pg + 1) * self.psize
+
+
+class DamagedFile(Exception):
+    """The data file fails its meta-page check and must not be mapped (NOTE[lmdb-meta])."""
+
+
+def read_meta(fd: int) -> MetaPage | None:
+    """Parse both meta pages of an LMDB 0.9 data file with ``pread`` (never the map).
+
+    Returns:
+        The newer meta page (higher txnid), or ``None`` for an empty file.
+
+    Raises:
+        DamagedFile: A meta page is short, has another magic, version, page flag or an
+            impossible page size.
+        OSError: The file cannot be read.
+    """
+    first = os.pread(fd, _META.size, 0)
+    if not first:
+        return None
+    metas: list[MetaPage] = []
+    offset = 0
+    for number in (0, 1):
+        raw = first if number == 0 else os.pread(fd, _META.size, offset)
+        if len(raw) < _META.size:
+            raise DamagedFile(f"meta page {number} is cut short at byte {offset + len(raw)}")
+        _pgno, _pad, flags, magic, version, _addr, _mapsize, psize, last_pg, txnid = _META.unpack(
+            raw
+        )
+        if not flags & _P_META or magic != _MDB_MAGIC:
+            raise DamagedFile(f"meta page {number} is not an LMDB meta page")
+        if version != _MDB_DATA_VERSION:
+            raise DamagedFile(f"meta page {number} has LMDB data version {version}, not 1")
+        if not _MIN_PSIZE <= psize <= _MAX_PSIZE or psize & (psize - 1):
+            raise DamagedFile(f"meta page {number} has an impossible page size {psize}")
+        metas.append(MetaPage(psize=psize, last_pg=last_pg, txnid=txnid))
+        offset = psize
+    return max(metas, key=lambda m: m.txnid)
+
+
+def check_data_file(fd: int) -> int:
+    """Check a data file against its meta pages before it is mapped (NOTE[lmdb-meta]).
+
+    The meta pages are read before the length, so a commit by another process meanwhile
+    (which writes its pages before its meta page) can never look like a short file. A
+    failed check is repeated once: a meta page read while another process rewrites it
+    may come back half old, half new.
+
+    Returns:
+        The file's length in bytes, now known to cover every page in use (0: empty).
+
+    Raises:
+        DamagedFile: The file fails the check twice.
+        OSError: The file cannot be read.
+    """
+    try:
+        return _checked_length(fd)
+    except DamagedFile:
+        time.sleep(0.001)
+        return _checked_length(fd)
+
+
+def _checked_length(fd: int) -> int:
+    meta = read_meta(fd)
+    size = os.fstat(fd).st_size
+    if meta is not None and size < meta.required_bytes:
+        raise DamagedFile(
+            f"data file is {size} bytes but its meta page claims pages up to "
+            f"{meta.last_pg} ({meta.required_bytes} bytes): it was cut short"
+        )
+    return size
+
+
+def _default_engine_checkable() -> bool:
+    """Whether new environments get the LMDB 0.9 format that :func:`read_meta` parses."""
+    try:
+        return int(lmdb.version()[0]) == 0 and sys.maxsize > 2**32
+    except (lmdb.Error, TypeError, ValueError):
+        return False
+
+
+#: NOTE[lmdb-meta]: the layout parsed is LMDB 0.9's on a 64-bit build; another engine
+#: (py-lmdb may default to LMDB 1.0 one day) writes files the check does not know.
+_CHECKABLE = _default_engine_checkable()
+
+
 class EnvUnavailable(Exception):
     """The environment cannot be opened now; the tier falls through and retries later."""
 
@@ -110,7 +259,11 @@ class _FormatMismatch(Exception):
 
 
 #: Errors on open that quarantine the files and rebuild the environment.
-_REBUILD_ERRORS: tuple[type[BaseException], ...] = (*CORRUPT_ERRORS, _FormatMismatch)
+_REBUILD_ERRORS: tuple[type[BaseException], ...] = (*CORRUPT_ERRORS, _FormatMismatch, DamagedFile)
+#: Errors (errno) that mean "this directory cannot be written": open it read-only.
+READ_ONLY_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+#: Errors (errno) that mean "the filesystem is full" (NOTE[lmdb-write-off]).
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class Gate:
@@ -199,16 +352,47 @@ class EnvHandle:
     abandoned: bool = False
     quiesced: bool = False
     resize_lock: threading.Lock = field(default_factory=threading.Lock)
+    checked_bytes: int = 0
+    """Length of the data file at its last check against the meta pages (NOTE[lmdb-shrink])."""
+    damaged: str = ""
+    """Why the mapped file must not be read any more; set once, never cleared."""
+    read_only: str = ""
+    """Why the environment was opened read-only, without a lock file; empty if writable."""
+    failed: str = ""
+    """LMDB's fatal error (``MDB_PANIC``) in this process: reopen, the files are not blamed."""
 
     def is_current(self) -> bool:
-        """Open in this process, and its data file is still the one in the directory."""
+        """Open in this process, not damaged, and its data file is still the directory's."""
         if self.closed or self.abandoned or self.pid != os.getpid():
             return False
+        if self.damaged or self.failed:
+            return False
+        return self.in_place()
+
+    def in_place(self) -> bool:
+        """Whether the directory's ``data.mdb`` is still the file this handle mapped."""
         try:
             st = os.stat(self.data_path)
         except OSError:
             return False
         return (st.st_dev, st.st_ino) == self.inode
+
+    def damage(self) -> str | None:
+        """Why the mapped file must not be read now, else ``None`` (NOTE[lmdb-shrink]).
+
+        One ``fstat``; the meta pages are read again only when the length changed.
+        """
+        if self.damaged:
+            return self.damaged
+        try:
+            size = os.fstat(self.data_fd).st_size
+            if size == self.checked_bytes:
+                return None
+            self.checked_bytes = check_data_file(self.data_fd) if _CHECKABLE else size
+        except (DamagedFile, OSError) as exc:
+            self.damaged = str(exc) or type(exc).__name__
+            return self.damaged
+        return None
 
     @contextlib.contextmanager
     def shared(self) -> Iterator[None]:
@@ -389,6 +573,9 @@ def _close_if_pending(handle: EnvHandle) -> None:
 def prepare_root(root: Path) -> None:
     """Create the cache directory private to this user (0700), or check an existing one.
 
+    An existing directory that cannot be tightened because it is read-only is left as
+    it is (it is then opened read-only, NOTE[lmdb-read-only]).
+
     Raises:
         CacheError: The directory belongs to another user.
         OSError: It cannot be created (read-only, or a file in the way): the caller degrades.
@@ -397,7 +584,13 @@ def prepare_root(root: Path) -> None:
     st = os.stat(root)
     _check_owner(root, st)
     if stat.S_IMODE(st.st_mode) & 0o077:
-        os.chmod(root, 0o700)
+        try:
+            os.chmod(root, 0o700)
+        except OSError as exc:
+            if exc.errno not in READ_ONLY_ERRNOS:
+                raise
+            _log.debug("cannot tighten read-only cache directory %s: %s", root, exc)
+            return
         _log.info("tightened cache directory %s to mode 0700", root)
 
 
@@ -435,21 +628,73 @@ def flocked(path: Path) -> Iterator[None]:
 
 
 def _open(root: Path, budget_map_bytes: int, max_readers: int, readahead: bool) -> EnvHandle:
-    prepare_root(root)
+    """Open writable; where the directory cannot be written, read-only (NOTE[lmdb-read-only])."""
+    try:
+        prepare_root(root)
+        with flocked(root / "lmdb.lock"):
+            return _open_writable(root, budget_map_bytes, max_readers, readahead)
+    except (OSError, lmdb.Error) as exc:
+        code = exc.errno if isinstance(exc, OSError) else getattr(exc, "code", None)
+        if code not in READ_ONLY_ERRNOS | DISK_FULL_ERRNOS:
+            raise
+        reason = f"{type(exc).__name__}: {exc}"
+        # NOTE[lmdb-write-off]: no room for the lock file (or the first pages) either.
+        disk_full = code in DISK_FULL_ERRNOS and turn_writes_off(root, "disk_full", reason)
+    handle = _open_read_only(root, budget_map_bytes, readahead, reason)
+    if disk_full:
+        _log.warning(
+            "LMDB cache %s cannot store records: the filesystem is full (%s); opened it "
+            "read-only for the rest of this process: it serves what it holds",
+            root,
+            reason,
+        )
+    return handle
+
+
+def _open_writable(
+    root: Path, budget_map_bytes: int, max_readers: int, readahead: bool
+) -> EnvHandle:
     lmdb_dir = root / "lmdb"
-    with flocked(root / "lmdb.lock"):
+    try:
+        return _open_once(lmdb_dir, budget_map_bytes, max_readers, readahead)
+    except _REBUILD_ERRORS as exc:
+        quarantine(root, reason=f"{type(exc).__name__}: {exc}")
+    except lmdb.Error as exc:
+        if getattr(exc, "code", None) not in (errno.EIO, errno.EISDIR):
+            raise
+        quarantine(root, reason=f"{type(exc).__name__}: {exc}")
+    try:
+        return _open_once(lmdb_dir, budget_map_bytes, max_readers, readahead)
+    except _REBUILD_ERRORS as exc:
+        raise EnvUnavailable(f"cannot rebuild the LMDB cache in {lmdb_dir}: {exc}") from exc
+
+
+def _checked_size(data_path: Path) -> int:
+    """The data file's length after its meta-page check; 0 when it does not exist.
+
+    NOTE[lmdb-meta]: before LMDB maps it. An empty file (a create cut short) is damaged
+    too: it is moved aside rather than taken for a new environment.
+
+    Raises:
+        DamagedFile: The file fails the check.
+    """
+    try:
+        fd = os.open(data_path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return 0
+    try:
+        st = os.fstat(fd)
+        if not _CHECKABLE or not stat.S_ISREG(st.st_mode):
+            return 0 if stat.S_ISDIR(st.st_mode) else st.st_size  # LMDB says EISDIR
         try:
-            return _open_once(lmdb_dir, budget_map_bytes, max_readers, readahead)
-        except _REBUILD_ERRORS as exc:
-            quarantine(root, reason=f"{type(exc).__name__}: {exc}")
-        except lmdb.Error as exc:
-            if getattr(exc, "code", None) not in (errno.EIO, errno.EISDIR):
-                raise
-            quarantine(root, reason=f"{type(exc).__name__}: {exc}")
-        try:
-            return _open_once(lmdb_dir, budget_map_bytes, max_readers, readahead)
-        except _REBUILD_ERRORS as exc:
-            raise EnvUnavailable(f"cannot rebuild the LMDB cache in {lmdb_dir}: {exc}") from exc
+            size = check_data_file(fd)
+        except OSError as exc:  # EIO reading a meta page: as damaged as a bad one
+            raise DamagedFile(f"meta pages unreadable: {exc}") from exc
+        if size == 0:
+            raise DamagedFile("data file is empty")
+        return size
+    finally:
+        os.close(fd)
 
 
 def _open_once(
@@ -458,7 +703,7 @@ def _open_once(
     lmdb_dir.mkdir(mode=0o700, exist_ok=True)
     _check_private(lmdb_dir)
     data_path = lmdb_dir / "data.mdb"
-    existing = data_path.stat().st_size if data_path.exists() else 0
+    existing = _checked_size(data_path)  # NOTE[lmdb-meta]: before the map
     held = quarantine_bytes(lmdb_dir.parent)
     if held > budget_map_bytes // 2:
         # A quarantined copy may not squeeze the live cache below half its budget.
@@ -484,14 +729,78 @@ def _open_once(
         if cleared:
             _log.info("cleared %d stale LMDB reader slot(s) in %s", cleared, lmdb_dir)
         records, meta = _open_dbs(env)
-        main = env.open_db(None)
-        st = os.stat(data_path)
-        fd = os.open(data_path, os.O_RDONLY | os.O_CLOEXEC)
+        return _new_handle(lmdb_dir, env, records, meta, budget_map_bytes)
+    except BaseException:
+        env.close()
+        raise
+
+
+def _open_read_only(root: Path, budget_map_bytes: int, readahead: bool, reason: str) -> EnvHandle:
+    """NOTE[lmdb-read-only]: a directory this process cannot write (a read-only mount, a
+    baked image, no write permission) is opened ``readonly=True, lock=False``: LMDB then
+    takes no lock file and keeps no reader table, so nobody may write the cache while it
+    is mounted read-only (a writer could reuse pages a reader still reads; the entry
+    checks would catch most of it, not all). The files are checked against their meta
+    pages first, as always; damaged files cannot be moved aside here, so they are not
+    opened at all.
+
+    Raises:
+        EnvUnavailable: No cache there, damaged files, or LMDB refuses them.
+    """
+    lmdb_dir = root / "lmdb"
+    data_path = lmdb_dir / "data.mdb"
+    what = f"the LMDB cache in {lmdb_dir} cannot be written ({reason})"
+    try:
+        for path in (root, lmdb_dir, data_path):
+            _check_owner(path, os.stat(path))
+        size = _checked_size(data_path)
+    except FileNotFoundError as exc:
+        raise EnvUnavailable(f"{what} and holds no cache") from exc
+    except DamagedFile as exc:
+        raise EnvUnavailable(f"{what} and its files are damaged ({exc})") from exc
+    try:
+        env = lmdb.open(
+            str(lmdb_dir),
+            map_size=max(size, _MIN_MAP_BYTES),
+            subdir=True,
+            max_dbs=4,
+            readonly=True,
+            lock=False,
+            readahead=readahead,
+        )
+    except lmdb.Error as exc:
+        raise EnvUnavailable(f"{what} and LMDB cannot open it read-only: {exc}") from exc
+    try:
+        records, meta = _open_dbs(env, create=False)
+        handle = _new_handle(lmdb_dir, env, records, meta, budget_map_bytes)
+    except _FormatMismatch as exc:
+        env.close()
+        raise EnvUnavailable(f"{what} and is not a fastdata cache of this format: {exc}") from exc
+    except BaseException:
+        env.close()
+        raise
+    handle.read_only = reason
+    _log.info("opened the LMDB cache in %s read-only (%s)", lmdb_dir, reason)
+    return handle
+
+
+def _new_handle(
+    lmdb_dir: Path,
+    env: lmdb.Environment,
+    records: lmdb._Database,
+    meta: lmdb._Database,
+    budget_map_bytes: int,
+) -> EnvHandle:
+    data_path = lmdb_dir / "data.mdb"
+    main = env.open_db(None)
+    fd = os.open(data_path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
         # This descriptor only reads leaf-node bytes and issues advice
         # (NOTE[lmdb-readahead]); kernel readahead on it would read pages nobody asked for.
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
     except BaseException:
-        env.close()
+        os.close(fd)
         raise
     handle = EnvHandle(
         root=lmdb_dir.parent,
@@ -511,9 +820,13 @@ def _open_once(
     return handle
 
 
-def _open_dbs(env: lmdb.Environment) -> tuple[lmdb._Database, lmdb._Database]:
+def _open_dbs(
+    env: lmdb.Environment, *, create: bool = True
+) -> tuple[lmdb._Database, lmdb._Database]:
     with env.begin() as txn:
         has_format = txn.get(b"meta") is not None
+    if not has_format and not create:
+        raise _FormatMismatch("no fastdata cache format marker")
     if has_format:
         records = env.open_db(b"records", create=False)
         meta = env.open_db(b"meta", create=False)
@@ -560,15 +873,57 @@ def quarantine(root: Path, *, reason: str) -> Path | None:
     return dest
 
 
+def quarantine_handle(handle: EnvHandle, reason: str) -> Path | None:
+    """Never read a handle's files again, and move them aside if they are still the
+    directory's (under the flock; another process may have moved them already).
+
+    A read-only handle's files stay where they are (NOTE[lmdb-read-only]).
+
+    Returns:
+        The quarantine folder, or ``None`` when nothing was moved.
+
+    Raises:
+        OSError: The files cannot be moved: the caller degrades.
+    """
+    handle.damaged = handle.damaged or reason
+    if handle.read_only:
+        return None
+    with flocked(handle.root / "lmdb.lock"):
+        if handle.in_place():
+            return quarantine(handle.root, reason=reason)
+    return None
+
+
+#: NOTE[lmdb-write-off]: directories whose LMDB writes are off for the rest of this
+#: process, with the state and the reason; inherited by forked children (same run).
+#: Keyed by ``str(root)``: ``dict.setdefault`` with a str key is atomic, so no lock
+#: (``acquire`` calls in here while holding the registry lock).
+_WRITES_OFF: dict[str, tuple[str, str]] = {}
+
+
+def turn_writes_off(root: Path, state: str, reason: str) -> bool:
+    """Stop every LMDB write to ``root`` in this process; ``True`` the first time."""
+    entry = (state, reason)
+    return _WRITES_OFF.setdefault(str(root), entry) is entry
+
+
+def writes_off(root: Path) -> tuple[str, str] | None:
+    """``(state, reason)`` when writes to ``root`` are off for this process, else ``None``."""
+    return _WRITES_OFF.get(str(root))
+
+
 def quarantine_bytes(root: Path) -> int:
     """Bytes held by quarantined copies under ``root/quarantine``."""
     total = 0
     base = root / "quarantine"
-    if base.is_dir():
-        for path in base.rglob("*"):
-            with contextlib.suppress(OSError):
-                if path.is_file():
-                    total += path.stat().st_size
+    try:
+        if base.is_dir():
+            for path in base.rglob("*"):
+                with contextlib.suppress(OSError):
+                    if path.is_file():
+                        total += path.stat().st_size
+    except OSError as exc:  # an unreadable directory holds nothing we can count
+        _log.debug("cannot measure %s: %s", base, exc)
     return total
 
 

@@ -248,6 +248,8 @@ class Readahead:
                         self._draining = False
                         finished = True
                         return
+                if handle.damage() is not None:
+                    continue  # NOTE[lmdb-shrink]: the file was cut; the next call says so
                 try:
                     with shared():
                         self.advise(handle, keys, hinted=True)

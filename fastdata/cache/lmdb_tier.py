@@ -26,6 +26,7 @@ calls find nothing. A pickled tier unpickles open (it pickles as its config).
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import operator
@@ -34,7 +35,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import lmdb
 
@@ -57,9 +58,9 @@ from fastdata.cache.tier import (
     reset_in_forked_child,
 )
 from fastdata.config import CacheConfig
-from fastdata.errors import ConfigError
+from fastdata.errors import CacheError, ConfigError
 
-__all__ = ["HEADER_BYTES", "NODE_COUNTERS", "LmdbTier", "entry_header"]
+__all__ = ["HEADER_BYTES", "NODE_COUNTERS", "LmdbTier", "WriteState", "entry_header"]
 
 _log = logging.getLogger(__name__)
 
@@ -88,6 +89,8 @@ _INODE_CHECK_S = 1.0
 _DELETE_BATCH = 20_000
 _FULL_RETRY_S = 300.0
 _SPLIT_DEPTH = 3
+#: What :meth:`LmdbTier.write_state` answers (NOTE[lmdb-write-off]).
+WriteState = Literal["ok", "budget_full", "disk_full", "read_only", "unavailable"]
 #: Batches with at least this many record bytes are verified on the pool threads.
 _PARALLEL_VERIFY_BYTES = 8 * 1024**2
 _DATASET_OF = operator.itemgetter(slice(0, DATASET_ID_BYTES))
@@ -154,8 +157,12 @@ class LmdbTier:
             raise ConfigError(f"LmdbTier config must be a CacheConfig, got {config!r}")
         self.config = config or CacheConfig()
         self.root = self.config.resolved_dir()
-        if self.root.exists():
-            _env.prepare_root(self.root)
+        try:
+            if self.root.exists():
+                _env.prepare_root(self.root)
+        except OSError as exc:
+            # Not fatal: the first call fails to open it, warns once and falls through.
+            _log.debug("cache directory %s not usable now: %s", self.root, exc)
         self._clock = clock
         self._handle: _env.EnvHandle | None = None
         self._closed = False  # NOTE[tier-closed]: kept across fork, never reset
@@ -170,6 +177,9 @@ class LmdbTier:
         self._state = "ok"
         self._warned: set[str] = set()
         self._next_inode_check = 0.0
+        self._damage_seen: _env.EnvHandle | None = None
+        self._limit: WriteState = "ok"
+        self._room_by: WriteState = "budget_full"
         self._stamped: dict[bytes, float] = {}
         self._active: dict[bytes, float] = {}
         self._full_mark: tuple[int, float] | None = None
@@ -192,11 +202,17 @@ class LmdbTier:
         handle = self._handle
         now = time.monotonic()
         if handle is not None and handle.pid == os.getpid() and not handle.closed:
-            if now < self._next_inode_check:
+            damage = handle.damage()  # NOTE[lmdb-shrink]: one fstat per call
+            if damage is not None:
+                if self._damage_seen is not handle:
+                    self._damage_seen = handle
+                    self._quarantined(handle, damage)
+            elif now < self._next_inode_check:
                 return handle
-            self._next_inode_check = now + _INODE_CHECK_S
-            if handle.is_current():
-                return handle
+            else:
+                self._next_inode_check = now + _INODE_CHECK_S
+                if handle.is_current():
+                    return handle
         with self._lock:
             if self._closed:
                 return None
@@ -249,6 +265,57 @@ class LmdbTier:
             self.config.degraded_retry_s,
         )
 
+    def _writes_blocked(self, handle: _env.EnvHandle) -> bool:
+        """Whether no write may be tried now: read-only, writes off, or paused."""
+        return (
+            bool(handle.read_only)
+            or _env.writes_off(self.root) is not None
+            or time.monotonic() < self._writes_retry_at
+        )
+
+    def _write_fault(self, exc: BaseException) -> None:
+        """A write failed; counted in ``write_errors``.
+
+        NOTE[lmdb-write-off]: a full filesystem (``ENOSPC``, ``EDQUOT``), an I/O error
+        (``EIO``), a filesystem that turned read-only (``EROFS``, ``EACCES``) and LMDB's
+        fatal error (``MDB_PANIC``, a failed meta-page write) turn writes to this
+        directory off for the rest of the process, for every tier on it: reads go on,
+        ``put_many`` rejects, and one warning says so. A full disk rarely frees itself
+        mid-run, and retrying would fail every batch's write transaction again (each one
+        costs the copy of the batch into LMDB's dirty pages). Other LMDB errors pause
+        writes for ``degraded_retry_s``.
+        """
+        self._stats.add(write_errors=1)
+        code = exc.errno if isinstance(exc, OSError) else getattr(exc, "code", None)
+        reason = f"{type(exc).__name__}: {exc}"
+        free = self.disk_free_bytes()
+        # LMDB reports a short write as EIO: on a filesystem that is (nearly) out of
+        # space, that is the full disk.
+        short = free is not None and free < 2 * self.config.write_txn_bytes
+        if (
+            code in _env.DISK_FULL_ERRNOS
+            or isinstance(exc, lmdb.DiskError)
+            or (code == errno.EIO and short)
+        ):
+            state, what = "disk_full", "the filesystem is full"
+        elif code in _env.READ_ONLY_ERRNOS | {errno.EIO} or isinstance(exc, lmdb.PanicError):
+            state, what = "read_only", "a write failed"
+        else:
+            self._pause_writes(reason)
+            return
+        if _env.turn_writes_off(self.root, state, reason):
+            _log.warning(
+                "LMDB cache %s cannot store records: %s (%s; %s bytes free); it is read-only "
+                "for the rest of this process: it serves what it holds and stores nothing "
+                "new (see stats().read_only and stats().write_errors)",
+                self.root,
+                what,
+                reason,
+                "unknown" if free is None else free,
+            )
+        else:
+            _log.debug("LMDB cache %s write failed while writes are off: %s", self.root, reason)
+
     def _warn_once(self, kind: str, message: str, *args: object) -> None:
         if kind in self._warned:
             _log.debug(message, *args)
@@ -257,14 +324,31 @@ class LmdbTier:
             _log.warning(message, *args)
 
     def _structural_fault(self, handle: _env.EnvHandle, exc: BaseException) -> None:
-        if isinstance(exc, _env.CORRUPT_ERRORS):
-            with _env.flocked(self.root / "lmdb.lock"):
-                if handle.is_current():
-                    _env.quarantine(self.root, reason=f"{type(exc).__name__}: {exc}")
+        if isinstance(exc, lmdb.PanicError):
+            # LMDB's fatal error in this process (a failed meta write): the files are
+            # not to blame; the next call opens the environment again.
+            handle.failed = f"{type(exc).__name__}: {exc}"
             self._next_inode_check = 0.0
-            self._warn_once("corrupt-file", "LMDB cache %s was corrupt: %s", self.root, exc)
+            self._write_fault(exc)
+            return
+        if isinstance(exc, _env.CORRUPT_ERRORS):
+            if self._quarantined(handle, f"{type(exc).__name__}: {exc}"):
+                self._warn_once("corrupt-file", "LMDB cache %s was corrupt: %s", self.root, exc)
             return
         self._degrade("read", f"{type(exc).__name__}: {exc}")
+
+    def _quarantined(self, handle: _env.EnvHandle, reason: str) -> bool:
+        """Move a damaged environment aside; ``False`` (and degraded) where it cannot be."""
+        self._next_inode_check = 0.0
+        try:
+            _env.quarantine_handle(handle, reason)
+        except OSError as exc:
+            self._degrade("open", f"damaged ({reason}) and cannot be moved aside: {exc}")
+            return False
+        if handle.read_only:
+            self._degrade("open", f"damaged ({reason}) and read-only, so not moved aside")
+            return False
+        return True
 
     # -- reads --------------------------------------------------------------------------
 
@@ -367,7 +451,7 @@ class LmdbTier:
                 type(exc).__name__,
                 exc,
             )
-        elif began:
+        elif began or isinstance(exc, lmdb.PanicError):
             self._structural_fault(handle, exc)
         else:
             self._degrade("read", f"{type(exc).__name__}: {exc}")
@@ -483,17 +567,24 @@ class LmdbTier:
 
     def _drop_corrupt(self, handle: _env.EnvHandle, keys: list[bytes]) -> list[bytes]:
         """Delete the entries of keys that fail their check; returns their keys."""
-        failed: list[bytes] = []
-        try:
-            with handle.shared(), handle.env.begin(write=True, buffers=True) as txn:
-                for key in keys:
-                    value = txn.get(key, db=handle.records)
-                    if value is not None and not self._entry_ok(key, value):
-                        self._delete(handle, txn, key, len(value))
-                        failed.append(key)
-        except lmdb.Error as exc:
-            self._pause_writes(f"{type(exc).__name__}: {exc}")
-        return failed
+        for _ in (0, 1):
+            failed: list[bytes] = []
+            delete = not self._writes_blocked(handle)  # else: found, counted, left in place
+            try:
+                with handle.shared(), handle.env.begin(write=delete, buffers=True) as txn:
+                    for key in keys:
+                        value = txn.get(key, db=handle.records)
+                        if value is not None and not self._entry_ok(key, value):
+                            if delete:
+                                self._delete(handle, txn, key, len(value))
+                            failed.append(key)
+                return failed
+            except lmdb.Error as exc:
+                if not delete:
+                    _log.debug("LMDB cache %s entries not checked again: %s", self.root, exc)
+                    break
+                self._write_fault(exc)  # then checked again without deleting
+        return []
 
     def _entry_ok(self, key: bytes, value: Any) -> bool:
         n = len(value) - HEADER_BYTES
@@ -593,8 +684,11 @@ class LmdbTier:
         unique = check_items(items, "LmdbTier")
         handle = self._get_handle()
         admitted = written = 0
-        if handle is not None and time.monotonic() >= self._writes_retry_at:
+        self._limit = "ok"
+        if handle is not None:
             for chunk in _chunks(unique, self.config.write_txn_bytes):
+                if self._writes_blocked(handle):
+                    break  # NOTE[lmdb-write-off]: rejected, counted, no write tried
                 done, nbytes = self._put_chunk(handle, chunk)
                 admitted += done
                 written += nbytes
@@ -605,7 +699,14 @@ class LmdbTier:
 
     def _put_chunk(self, handle: _env.EnvHandle, chunk: list[CacheItem]) -> tuple[int, int]:
         done, written, rejected = self._write(handle, chunk, grow=True)
-        if rejected and self._evict_idle(handle, rejected):
+        if not rejected or self._writes_blocked(handle):
+            return done, written
+        try:
+            evicted = self._evict_idle(handle, rejected)
+        except lmdb.Error as exc:  # a delete copies pages too: a full disk fails it
+            self._write_fault(exc)
+            return done, written
+        if evicted:
             more, more_bytes, _ = self._write(handle, rejected, grow=False)
             done, written = done + more, written + more_bytes
         return done, written
@@ -649,7 +750,7 @@ class LmdbTier:
                 if not handle.adopt_map(wait=waitable):
                     return 0, 0, chunk
             except lmdb.Error as exc:
-                self._pause_writes(f"{type(exc).__name__}: {exc}")
+                self._write_fault(exc)
                 return 0, 0, chunk
         return 0, 0, chunk
 
@@ -684,6 +785,8 @@ class LmdbTier:
             raise _Full(wanted)
         # Each record may copy one more leaf page, until every leaf is copied.
         flags = choose_admitted(costs, room, extra_bytes=psize, extra_limit=tree_pages)
+        if not all(flags):
+            self._limit = self._room_by
         written = 0
         per_dataset: dict[bytes, list[int]] = {}
         for (item, nbytes, old), ok in zip(todo, flags, strict=True):
@@ -720,7 +823,9 @@ class LmdbTier:
                 room = min(room, mark[0] - in_use)
             else:
                 self._full_mark = None
-        return in_use, min(room, self._disk_room(handle, in_use)), tree_pages
+        disk = self._disk_room(handle, in_use)
+        self._room_by = "disk_full" if disk < room else "budget_full"
+        return in_use, min(room, disk), tree_pages
 
     def _mark_full(self, handle: _env.EnvHandle, *, stuck: bool = False) -> None:
         """Admit only into freed space for a while. At the budget that is the policy at
@@ -732,6 +837,7 @@ class LmdbTier:
         except lmdb.Error:
             return
         self._full_mark = (in_use, time.monotonic())
+        self._limit = "budget_full"
         if stuck:
             self._warn_stuck(handle)
             return
@@ -833,7 +939,7 @@ class LmdbTier:
     def evict(self, keys: Sequence[bytes]) -> int:
         """Delete keys; returns how many were present (0 when the cache is unavailable)."""
         handle = self._get_handle()
-        if handle is None:
+        if handle is None or self._writes_blocked(handle):
             return 0
         removed = 0
         try:
@@ -844,7 +950,7 @@ class LmdbTier:
                         self._delete(handle, txn, bytes(key), len(value))
                         removed += 1
         except lmdb.Error as exc:
-            self._pause_writes(f"{type(exc).__name__}: {exc}")
+            self._write_fault(exc)
             return 0
         self._stats.add(evictions=removed)
         return removed
@@ -856,7 +962,7 @@ class LmdbTier:
         for d in seen:
             self._active[d] = now
         due = [d for d in seen if now - self._stamped.get(d, -1e18) > _STAMP_EVERY_S]
-        if not due or time.monotonic() < self._writes_retry_at:
+        if not due or self._writes_blocked(handle):
             return
         for d in due:
             self._stamped[d] = now
@@ -867,7 +973,7 @@ class LmdbTier:
                     flushed = self._add_node_counters(handle, txn)
                 self._flushed = flushed
         except lmdb.Error as exc:
-            self._pause_writes(f"{type(exc).__name__}: {exc}")
+            self._write_fault(exc)
 
     def _add_node_counters(self, handle: _env.EnvHandle, txn: Any) -> dict[str, int]:
         """Add this process's unsaved counts to the node-wide ones (call under
@@ -883,7 +989,7 @@ class LmdbTier:
         return current
 
     def _flush_node_counters(self, handle: _env.EnvHandle) -> None:
-        if time.monotonic() < self._writes_retry_at or not handle.is_current():
+        if self._writes_blocked(handle) or not handle.is_current():
             return
         try:
             with self._flush_lock:
@@ -895,6 +1001,7 @@ class LmdbTier:
                 self._flushed = flushed
         except lmdb.Error as exc:
             _log.debug("could not save the node counters of %s: %s", self.root, exc)
+            self._write_fault(exc)
 
     def node_counters(self) -> dict[str, int]:
         """Event counters of every process on the node, this one's unsaved counts included.
@@ -937,7 +1044,7 @@ class LmdbTier:
         check_dataset_id(dataset_id)
         num_samples = check_num_samples(num_samples)
         handle = self._get_handle()
-        if handle is None:
+        if handle is None or self._writes_blocked(handle):
             return False
         key = _DS_PREFIX + dataset_id
         try:
@@ -949,7 +1056,7 @@ class LmdbTier:
                 if name:
                     txn.put(_NAME_PREFIX + dataset_id, name.encode("utf-8"), db=handle.meta)
         except lmdb.Error as exc:
-            self._pause_writes(f"{type(exc).__name__}: {exc}")
+            self._write_fault(exc)
             return False
         return True
 
@@ -981,48 +1088,124 @@ class LmdbTier:
         Other processes reading at the same time see misses, never errors: LMDB
         readers keep their snapshot until their transaction ends.
 
+        A clear is tried even while writes are off after a full disk (NOTE[lmdb-write-off]):
+        it is how space comes back.
+
         Returns:
-            Entries removed.
+            Entries removed (0 when the cache cannot be opened).
+
+        Raises:
+            CacheError: The cache is read-only here (NOTE[lmdb-read-only]) or the delete
+                failed; nothing more was removed.
         """
         if dataset_id is not None:
             check_dataset_id(dataset_id)
         handle = self._get_handle()
         if handle is None:
             return 0
+        if handle.read_only:
+            raise CacheError(
+                f"cannot clear the LMDB cache in {self.root}: it is read-only here "
+                f"({handle.read_only}); make the directory writable, or delete it"
+            )
         ids = [dataset_id] if dataset_id is not None else [d.dataset_id for d in self.datasets()]
-        removed = sum(self._delete_prefix(handle, d) for d in ids)
-        if dataset_id is None:
-            with handle.shared(), handle.env.begin(write=True) as txn:
-                removed += txn.stat(handle.records)["entries"]
-                txn.drop(handle.records, delete=False)
+        try:
+            removed = sum(self._delete_prefix(handle, d) for d in ids)
+            if dataset_id is None:
+                with handle.shared(), handle.env.begin(write=True) as txn:
+                    removed += txn.stat(handle.records)["entries"]
+                    txn.drop(handle.records, delete=False)
+        except lmdb.Error as exc:
+            raise CacheError(
+                f"clearing the LMDB cache in {self.root} failed ({type(exc).__name__}: "
+                f"{exc}); delete the directory to drop the cache whole"
+            ) from exc
         return removed
 
     def stats(self) -> TierStats:
         """This process's counters plus the node-wide entries and pages in use."""
         entries = used = 0
         handle = self._handle
-        if handle is not None and handle.is_current():
+        if handle is not None and handle.damage() is None and handle.is_current():
             try:
                 with handle.shared(), handle.env.begin() as txn:
                     entries = txn.stat(handle.records)["entries"]
                     used = _pages_in_use(handle, txn)[0] * handle.psize
             except lmdb.Error as exc:
                 _log.debug("stats of %s incomplete: %s", self.root, exc)
+        state = "closed" if self._closed else self._state
+        read_only = self._read_only_reason(handle)
+        if read_only and state == "ok":
+            state = f"read-only: {read_only}"
         return self._stats.snapshot(
             name=self.name,
             entries=entries,
             bytes_used=used,
             capacity_bytes=self.config.max_bytes,
-            state="closed" if self._closed else self._state,
+            state=state,
+            read_only=bool(read_only),
         )
+
+    def _read_only_reason(self, handle: _env.EnvHandle | None) -> str:
+        off = _env.writes_off(self.root)
+        if off is not None:
+            return off[1]
+        return handle.read_only if handle is not None else ""
+
+    def write_state(self) -> WriteState:
+        """Whether the tier can store more records now, and if not, why.
+
+        For callers that must tell a full filesystem from a full budget (``fastdata
+        warm``). Cheap: no transaction, no system call beyond the per-call check (it
+        opens the environment if nothing did yet).
+
+        Returns:
+            ``"ok"``: writes are admitted (the last ``put_many`` admitted everything).
+            ``"budget_full"``: the last ``put_many`` stopped at ``max_bytes``.
+            ``"disk_full"``: the filesystem is full: the last ``put_many`` stopped at the
+            free-space floor (``min_free_bytes``), or a write failed with ``ENOSPC`` or
+            ``EDQUOT`` (then for the rest of the process, NOTE[lmdb-write-off]).
+            ``"read_only"``: the directory is read-only (NOTE[lmdb-read-only]) or a
+            write failed with ``EIO``/``EROFS``/``EACCES`` (for the rest of the process).
+            ``"unavailable"``: the cache cannot be opened now, writes are paused after
+            another error (``degraded_retry_s``), or the tier is closed.
+        """
+        if self._closed:
+            return "unavailable"
+        off = _env.writes_off(self.root)
+        if off is not None:
+            return "disk_full" if off[0] == "disk_full" else "read_only"
+        handle = self._get_handle()
+        if handle is None:
+            return "unavailable"
+        if handle.read_only:
+            return "read_only"
+        if time.monotonic() < self._writes_retry_at:
+            return "unavailable"
+        return self._limit
+
+    def disk_free_bytes(self) -> int | None:
+        """Bytes this user may still write on the cache directory's filesystem
+        (``statvfs``: ``f_bavail * f_frsize``), or ``None`` when it cannot be measured."""
+        path = self.root
+        while not os.path.isdir(path) and path != path.parent:
+            path = path.parent
+        try:
+            vfs = os.statvfs(path)
+        except OSError:
+            return None
+        return vfs.f_bavail * vfs.f_frsize
 
     def disk_bytes(self) -> int:
         """Bytes the cache's files occupy on disk now (LMDB files and quarantine)."""
         total = _env.quarantine_bytes(self.root)
         for name in ("data.mdb", "lock.mdb"):
-            path = self.root / "lmdb" / name
-            if path.exists():
-                total += path.stat().st_size
+            try:
+                total += os.stat(self.root / "lmdb" / name).st_size
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                _log.debug("cannot measure %s: %s", self.root / "lmdb" / name, exc)
         return total
 
     def close(self) -> None:

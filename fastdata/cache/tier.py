@@ -322,6 +322,8 @@ class TierStats:
     """Record bytes returned by hits."""
     bytes_written: int = 0
     """Record bytes admitted by ``put_many``."""
+    write_errors: int = 0
+    """Write transactions that failed (a full disk, an I/O error, ...); none were retried."""
     entries: int = 0
     """Entries in the tier now."""
     bytes_used: int = 0
@@ -333,7 +335,11 @@ class TierStats:
     put_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
     """Latency of ``put_many`` calls."""
     state: str = "ok"
-    """``ok``, or ``degraded: <reason>`` while the tier falls through."""
+    """``ok``, ``degraded: <reason>`` while the tier falls through, ``read-only: <reason>``
+    while it serves what it holds and stores nothing, or ``closed``."""
+    read_only: bool = False
+    """The tier stores nothing now: its directory is read-only, or a write failed with a
+    full disk or an I/O error (for the rest of the process)."""
 
     @property
     def hit_rate(self) -> float:
@@ -448,6 +454,7 @@ class StatsRecorder:
         "fall_throughs",
         "bytes_read",
         "bytes_written",
+        "write_errors",
     )
 
     def __init__(
