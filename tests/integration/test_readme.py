@@ -51,3 +51,51 @@ def test_the_readme_training_example_runs(
     assert set(scope["labels"].tolist()) == {0, 1}
     assert len(scope["images"].tolist()) == 256
     assert (tmp_path / "ckpt.pt").exists()
+
+
+def readme_warm_line() -> list[str]:
+    text = README.read_text()
+    section = text[text.index("## Operate a node") :]
+    match = re.search(r"^(fastdata warm s3://\S+ [^#\n]*)", section, re.MULTILINE)
+    assert match is not None, "the README lost its warm line"
+    return match.group(1).split()
+
+
+def test_the_readme_warm_line_warms_what_the_readme_training_example_reads(
+    s3_bucket: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 11, item 2: the two README commands describe one dataset to the cache."""
+    import subprocess
+    import sys
+
+    argv = readme_warm_line()
+    assert argv[2] == "s3://my-bucket/imagenet/train"
+    images = {
+        f"imagenet/train/{cls}/{i:04d}.JPEG": bytes([i % 256]) * (100 + i)
+        for i, cls in enumerate(["n01440764", "n01443537"] * 150)
+    }
+    with Store(s3_bucket.url, storage_options=s3_bucket.storage_options) as store:
+        store.put_many(list(images.items()))
+    for key, value in s3_bucket.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    argv[2] = f"{s3_bucket.url}/imagenet/train"
+    import os
+
+    warmed = subprocess.run(
+        [sys.executable, "-m", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ),
+    )
+    assert warmed.returncode == 0, warmed.stdout + warmed.stderr
+    code = readme_example()
+    code = code.replace("s3://my-bucket/imagenet/train", f"{s3_bucket.url}/imagenet/train")
+    code = code.replace("http://minio:9000", s3_bucket.endpoint_url)
+    scope: dict[str, Any] = {}
+    exec(compile(code, str(README), "exec"), scope)
+    stats = scope["loader"].stats()
+    assert stats.cache is not None
+    assert stats.cache["samples"] > 0
+    assert stats.cache["source_samples"] == 0, "the loader ran cold after the README's warm"
