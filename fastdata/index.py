@@ -347,9 +347,9 @@ class SampleIndex:
                 out[i] = sample
         extra = self.layout.index_fields(rows) if index_fields else {}
         for name, values in extra.items():
-            for sample, value in zip(out, values.tolist(), strict=True):
-                if isinstance(sample, dict):
-                    sample[name] = value
+            for got, value in zip(out, values.tolist(), strict=True):
+                if isinstance(got, dict):
+                    got[name] = value
         # The units partition the ids, so every slot was filled above.
         return out  # type: ignore[return-value]
 

@@ -239,6 +239,13 @@ def print_report(result: dict[str, Any], console: Any = None) -> None:
         f"({limits['page_cache']}; {limits['lmdb_read_hot_mb_per_s']:,.1f} MB/s in memory); "
         f"memcpy {limits['memcpy_gb_per_s']:.1f} GB/s"
     )
+    if "transfer_check_ratio" in limits:
+        console.print(
+            f"transfer checks (verify_transfers='auto': MD5 of single-part ETags on plain "
+            f"http, stored S3 checksums, record CRCs): cold pass at "
+            f"{limits['transfer_check_ratio']:.2f}x the throughput of the same pass with "
+            f"'never' ({limits['cold_unverified_mb_per_s']:,.1f} MB/s)"
+        )
     console.print(cpu_line(result))
     console.print(
         f"dataset open (listing + index): {result['open_s']:.3f} s; upload "

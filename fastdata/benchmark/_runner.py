@@ -28,7 +28,14 @@ from fastdata.benchmark._config import BenchConfig
 from fastdata.benchmark._data import BenchData, generate
 from fastdata.benchmark._measure import cpu_per_sample_ms, host_info, watch_server
 from fastdata.benchmark._report import build_result
-from fastdata.benchmark._systems import SystemRun, open_dataset, run_cold, run_hot, run_warm
+from fastdata.benchmark._systems import (
+    SystemRun,
+    open_dataset,
+    run_cold,
+    run_cold_unverified,
+    run_hot,
+    run_warm,
+)
 from fastdata.config import CacheConfig, format_size
 from fastdata.errors import ConfigError
 
@@ -171,6 +178,19 @@ def _measure_all(
         systems[f"baseline_w{workers}"] = SystemRun(throughput, step, store_samples=-1)
     say("fastdata cold (empty cache)")
     systems["fastdata_cold"], cache_dir = run_cold(config, data, work)
+    say("fastdata cold without transfer checks (verify_transfers='never')")
+    unverified = run_cold_unverified(config, data, work)
+    checked = systems["fastdata_cold"].throughput
+    limits["cold_unverified_mb_per_s"] = (
+        unverified.samples * config.sample_bytes / unverified.seconds / 1e6
+        if unverified.seconds > 0
+        else 0.0
+    )
+    limits["transfer_check_ratio"] = (
+        (checked.samples / checked.seconds) / (unverified.samples / unverified.seconds)
+        if checked.seconds > 0 and unverified.seconds > 0 and unverified.samples
+        else 0.0
+    )
     lmdb_dir = cache_dir / "lmdb"
     rng = np.random.default_rng(config.seed + 1)
     keys = index.keys(rng.permutation(len(index)))

@@ -15,6 +15,7 @@ Every pass uses another epoch number, so every pass reads a fresh shuffle.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from collections.abc import Callable
@@ -26,8 +27,16 @@ import fastdata
 from fastdata.benchmark._config import BenchConfig
 from fastdata.benchmark._data import BenchData
 from fastdata.benchmark._measure import PassResult, combine, run_pass
+from fastdata.config import FastdataConfig
 
-__all__ = ["SystemRun", "open_dataset", "run_cold", "run_hot", "run_warm"]
+__all__ = [
+    "SystemRun",
+    "open_dataset",
+    "run_cold",
+    "run_cold_unverified",
+    "run_hot",
+    "run_warm",
+]
 
 
 @dataclass
@@ -47,7 +56,12 @@ class SystemRun:
 
 
 def open_dataset(
-    data: BenchData, cache_dir: Path, *, ram_bytes: int, seed: int
+    data: BenchData,
+    cache_dir: Path,
+    *,
+    ram_bytes: int,
+    seed: int,
+    config: FastdataConfig | None = None,
 ) -> tuple[Any, float]:
     """A ``fastdata.Dataset`` on the generated data, and the seconds it took to open."""
     started = time.perf_counter()
@@ -58,8 +72,26 @@ def open_dataset(
         cache_dir=cache_dir,
         ram_bytes=ram_bytes,
         seed=seed,
+        config=config,
     )
     return dataset, time.perf_counter() - started
+
+
+def run_cold_unverified(config: BenchConfig, data: BenchData, work: Path) -> PassResult:
+    """One cold pass with ``verify_transfers="never"``: the cost of transfer checks is the
+    default cold pass's throughput against this one's, in the same run."""
+    base = FastdataConfig.from_environ()
+    unchecked = dataclasses.replace(
+        base, store=dataclasses.replace(base.store, verify_transfers="never")
+    )
+    cache_dir = work / "cache-cold-unverified"
+    dataset, _ = open_dataset(
+        data, cache_dir, ram_bytes=_default_ram(), seed=config.seed, config=unchecked
+    )
+    with dataset:
+        result = _Passes(dataset, config, first_epoch=0).one()
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    return result
 
 
 class _Passes:

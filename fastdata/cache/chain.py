@@ -374,8 +374,7 @@ class ReadThroughCache:
         self._unregistered = [
             tier
             for tier in pending
-            if tier.register_dataset(source.dataset_id, num_samples=len(source), name=name)
-            is False
+            if tier.register_dataset(source.dataset_id, num_samples=len(source), name=name) is False
         ]
 
     def _read_tiers(

@@ -15,6 +15,9 @@ refuses (``backend="obstore"``).
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -187,8 +190,22 @@ def resolve_s3_endpoint(options: Mapping[str, Any]) -> tuple[str | None, str]:
     identity (``Store.identity``) is made of this answer, so two endpoints that serve the
     same bucket names never share cache entries.
     """
+    client = options.get("client_kwargs") or {}
+    explicit = options.get("endpoint_url") or client.get("endpoint_url")
+    if explicit:
+        return str(explicit), str(client.get("region_name") or "")
+    # botocore's answer depends on the options, the AWS_* variables and the config files
+    # it reads; a botocore session costs 0.5-2 s, so the answer is kept per process for
+    # each set of inputs it can depend on (the files are assumed not to change).
+    aws = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    return _resolved(json.dumps(dict(options), sort_keys=True, default=repr), aws)
+
+
+@functools.lru_cache(maxsize=64)
+def _resolved(options_json: str, aws: tuple[tuple[str, str], ...]) -> tuple[str | None, str]:
     import botocore.session
 
+    options = json.loads(options_json)
     session = botocore.session.Session(profile=options.get("profile"))
     return _endpoint_and_region(session, options)
 
