@@ -844,5 +844,6 @@ def _writable(versions: TableVersions, request: _Request) -> Iterator[tuple[Tabl
         )
         logger.warning(message)
         warnings.warn(message, CacheDirWarning, stacklevel=4)
-    scratch = Path(tempfile.mkdtemp(prefix="fastdata-index-"))
-    yield TableVersions(scratch / "index"), False
+    scratch = Path(tempfile.mkdtemp(prefix="fastdata-index-")) / "index"
+    scratch.mkdir()
+    yield TableVersions(scratch), False

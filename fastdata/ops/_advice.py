@@ -139,6 +139,12 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _transfers(r: DoctorReport) -> str | None:
+    if not r.transfer_checks.startswith("none"):
+        return None
+    return f"bytes read from the store are not checked in transit: {r.transfer_checks}"
+
+
 _RULES: tuple[Callable[[DoctorReport], str | None], ...] = (
     _budget,
     _disk_space,
@@ -147,6 +153,7 @@ _RULES: tuple[Callable[[DoctorReport], str | None], ...] = (
     _tail,
     _disk_speed,
     _cpus,
+    _transfers,
 )
 
 

@@ -129,7 +129,10 @@ class DoctorReport:
     """CPUs of the machine."""
     cpus_usable: int
     """CPUs this process may run on."""
-    advice: tuple[str, ...]
+    transfer_checks: str = ""
+    """Which checksum guards the bytes of this dataset's reads on their way from the
+    store (docs/store.md, "Which reads are verified"), or why none can."""
+    advice: tuple[str, ...] = ()
     """Concrete sentences, most important first."""
 
     @property
@@ -145,6 +148,33 @@ class DoctorReport:
         out["store_fraction"] = round(self.store_fraction, 6)
         out["advice"] = list(self.advice)
         return out
+
+
+def transfer_checks(index: SampleIndex, verify: str) -> str:
+    """What checks the bytes of ``index``'s reads in transit (docs/store.md)."""
+    if verify == "never":
+        return "none: verify_transfers='never' (FASTDATA_STORE_VERIFY_TRANSFERS)"
+    if index.layout.name == "packed":
+        return "every record's CRC-32C, checked on arrival; a damaged range is read again"
+    if index.layout.name in ("tar", "parquet"):
+        return (
+            f"none for the {index.layout.name} layout's ranged reads: S3 checksums and "
+            "ETags cover whole objects only. Bytes damaged in transit would be cached: use "
+            "an https endpoint, or `fastdata pack` the data into packed shards, whose "
+            "records carry a CRC"
+        )
+    multipart = sum(
+        1 for i in range(index.object_count) if "-" in (index.object_info(i).etag or "")
+    )
+    text = "whole-object reads: the object's stored S3 checksum, else the MD5 of its ETag"
+    if verify == "auto":
+        text += " on plain-http endpoints (verify_transfers='always' checks it on https too)"
+    if multipart:
+        text += (
+            f"; {multipart} of {index.object_count} objects were uploaded in parts (ETag "
+            "'<md5>-N') and can be checked only by a stored checksum"
+        )
+    return text
 
 
 def _read_timed(index: SampleIndex, store: Store, ids: np.ndarray) -> tuple[float, int]:
@@ -288,6 +318,7 @@ def doctor(
         free_disk_bytes=vfs.f_bavail * vfs.f_frsize,
         cpus=os.cpu_count() or 1,
         cpus_usable=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1,
+        transfer_checks=transfer_checks(index, config.store.verify_transfers),
         advice=(),
         **measured,
     )

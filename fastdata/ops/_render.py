@@ -248,6 +248,7 @@ def doctor_lines(r: DoctorReport) -> list[str]:
         f"{format_size(r.room_bytes)}); {need}: {r.needed_samples} samples, "
         f"{format_size(r.needed_cache_bytes)} in the cache; cached now: {r.cached_samples}",
         f"cpus        {r.cpus_usable} usable of {r.cpus}",
+        f"transfers   checked by {r.transfer_checks}",
         "advice:",
         *(f"  - {line}" for line in r.advice),
     ]

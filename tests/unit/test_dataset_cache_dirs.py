@@ -1,0 +1,71 @@
+"""fastdata.Dataset over broken and read-only cache directories (issue 11, item 10).
+
+The Python API never raises a raw ``OSError`` for the cache directory: an uncreatable one
+gives warnings and every read goes to the source; a read-only one that already holds a
+warm cache (a baked image, a shared read-only volume) serves hits.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import fastdata
+from fastdata.index import CacheDirWarning
+from tests.unit.test_cache_read_only import read_only_view
+
+__all__ = ["read_only_view"]  # the fixture, imported for the test below
+
+
+def _dataset(root: Path, count: int = 24) -> dict[str, bytes]:
+    objects = {f"{i:03d}.bin": os.urandom(200 + i) for i in range(count)}
+    root.mkdir()
+    for name, data in objects.items():
+        (root / name).write_bytes(data)
+    return objects
+
+
+def _epoch(ds: fastdata.Dataset) -> tuple[dict[str, bytes], Any]:
+    loader = fastdata.DataLoader(ds, batch_size=5)
+    got: dict[str, bytes] = {}
+    try:
+        for batch in loader:
+            for i, data in zip(batch["__id__"].tolist(), batch["data"].tolist(), strict=True):
+                got[ds.index.object_info(i).path] = data
+        return got, loader.stats()
+    finally:
+        loader.close()
+        ds.close()
+
+
+def test_an_uncreatable_cache_directory_warns_and_reads_everything_from_the_source(
+    tmp_path: Path,
+) -> None:
+    objects = _dataset(tmp_path / "data")
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"in the way")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ds = fastdata.Dataset(str(tmp_path / "data"), layout="files", cache_dir=blocker / "cache")
+        got, stats = _epoch(ds)
+    assert got == objects
+    assert stats.cache is not None
+    assert stats.cache["source_samples"] == len(objects)
+    assert any(issubclass(w.category, CacheDirWarning) for w in seen)
+
+
+def test_a_read_only_warm_cache_serves_hits(tmp_path: Path, read_only_view: Any) -> None:
+    objects = _dataset(tmp_path / "data")
+    cache = tmp_path / "cache"
+    url = str(tmp_path / "data")
+    got, _ = _epoch(fastdata.Dataset(url, layout="files", cache_dir=cache, ram_bytes=0))
+    assert got == objects
+    mounted = read_only_view(cache)
+    got, stats = _epoch(fastdata.Dataset(url, layout="files", cache_dir=mounted, ram_bytes=0))
+    assert got == objects
+    assert stats.cache is not None
+    assert stats.cache["source_samples"] == 0
+    lmdb = next(t for t in stats.cache["tiers"] if t["name"] == "lmdb")
+    assert lmdb["read_only"] is True
