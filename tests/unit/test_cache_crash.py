@@ -107,8 +107,10 @@ def test_kill_9_writer_at_random_moments_leaves_a_correct_cache(tmp_path: Path) 
         reports.append(report)
         assert report["wrong"] == 0, (round_, report)
         assert report["corruptions"] == 0, (round_, report)
-        assert report["open_s"] < 5.0, (round_, report)
-        assert report["write_s"] < 5.0, (round_, report)
+        # Bounds that catch a hang on a lock the dead writer held, not speed targets: the
+        # open includes the child's imports, which take seconds on a loaded 2-core machine.
+        assert report["open_s"] < 60.0, (round_, report)
+        assert report["write_s"] < 60.0, (round_, report)
         assert report["admitted"] == 1, (round_, report)
         assert str(writer.pid) not in report["readers"], (round_, report)
     # The rounds really interrupted a cache that had data in it.
