@@ -270,3 +270,20 @@ def test_a_root_with_shards_and_plain_files_is_ambiguous(tmp_path: Path) -> None
         str(root), layout="files", pattern="**/*.jpg", cache_dir=str(tmp_path / "cache")
     )
     assert len(index) == 20
+
+
+def test_cli_pack_index_only_writes_the_sidecars(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from fastdata.cli import cli
+
+    root, _ = sidecar_dataset(tmp_path)
+    result = CliRunner().invoke(cli, ["pack", str(root), "--index-only"])
+    assert result.exit_code == 0, result.output
+    assert "wrote 2 sidecar index(es)" in result.output
+    assert (root / ("1.tar" + SIDECAR_SUFFIX)).exists()
+    refused = CliRunner().invoke(cli, ["pack", str(root), str(tmp_path / "d"), "--index-only"])
+    assert isinstance(refused.exception, ConfigError)
+    assert "drop DST" in str(refused.exception)
+    missing = CliRunner().invoke(cli, ["pack", str(root)])
+    assert isinstance(missing.exception, ConfigError)
