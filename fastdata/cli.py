@@ -130,6 +130,10 @@ class _RichPackProgress:
 @_source_options
 @click.option("--labels", is_flag=True, help="files layout: add ImageFolder labels.")
 @click.option(
+    "--label-from",
+    help="files layout: labels from the key, 'folder' or 'regex:<pattern>' (implies labels).",
+)
+@click.option(
     "--index-only",
     is_flag=True,
     help="Tar SRC: write a sidecar index <shard>.fdidx next to each shard instead of packing "
@@ -148,6 +152,7 @@ def pack_command(
     pattern: str | None,
     fields: tuple[str, ...],
     labels: bool,
+    label_from: str | None,
     index_only: bool,
     shard_bytes: str,
     compress: tuple[str, ...],
@@ -165,12 +170,15 @@ def pack_command(
     from fastdata.pack import pack, parse_compress
 
     if index_only:
-        _index_only(src, dst, layout, pattern, fields, labels, storage_option, endpoint_url)
+        labelled = labels or label_from is not None
+        _index_only(src, dst, layout, pattern, fields, labelled, storage_option, endpoint_url)
         return
     if dst is None:
         raise ConfigError("fastdata pack needs SRC and DST (or --index-only with SRC alone)")
 
     options: dict[str, Any] = {"labels": True} if labels else {}
+    if label_from is not None:
+        options["label_from"] = label_from
     with Progress(
         "[progress.description]{task.description}",
         BarColumn(),

@@ -55,6 +55,7 @@ from fastdata.layouts import (
     refuse_compressed,
 )
 from fastdata.layouts.base import BuildResult, CompanionLayout, ObjectScan, UnitView, corrupt
+from fastdata.layouts.files import callable_identity
 from fastdata.layouts.table import SampleTable, TableVersions
 from fastdata.store import ByteRange, ObjectInfo, Store, glob_to_regex
 
@@ -495,8 +496,16 @@ def _spec_key(
         "fields": list(fields) if fields is not None else None,
         "options": dict(options),
     }
-    text = json.dumps(spec, sort_keys=True, default=repr)
+    text = json.dumps(spec, sort_keys=True, default=_stable_repr)
     return hashlib.blake2b(text.encode(), digest_size=12, person=b"fastdata-spec").hexdigest()
+
+
+def _stable_repr(value: Any) -> str:
+    """A JSON stand-in for an option value that JSON cannot hold: a callable (the files
+    layout's ``label_from``) by its module, name and code, never by its address."""
+    if callable(value):
+        return callable_identity(value)
+    return repr(value)
 
 
 def namespace_id(identity: str, url: str) -> bytes:
