@@ -13,9 +13,12 @@ at the first header that does not. The first window is a ``SCAN_PROBE_BYTES`` pr
 window after one whose walk ended inside it, or jumped less than ``SCAN_READ_BYTES`` past
 its end, is ``SCAN_READ_BYTES + SCAN_SLACK_BYTES`` long; a window after a jump of at
 least ``SCAN_READ_BYTES`` over a large member is a probe again, so that large payloads
-are skipped, not downloaded. Every window but the first probe and the last one therefore
-moves the walk on by at least ``SCAN_READ_BYTES`` (a jump that earns a probe moves it by
-twice that), so a shard of ``n`` bytes takes at most ``n / SCAN_READ_BYTES + 2`` requests
+are skipped, not downloaded. The count: a full read moves the walk on by at least
+``SCAN_READ_BYTES``; a probe follows a window whose walk jumped at least that far past
+its end, which moved the walk on by that much beyond its own length (twice
+``SCAN_READ_BYTES`` for a full read), so each run of probes is paid for by the jumps
+that start and continue it. Only the first probe and the last window go unpaid, and a
+shard of ``n`` bytes takes at most ``n / SCAN_READ_BYTES + 2`` requests
 while its metadata headers (pax, long names) stay below ``SCAN_SLACK_BYTES``. Shards are
 walked concurrently, one thread each, up to the store's ``max_concurrency`` (at most
 ``SCAN_MAX_SHARDS``), which bounds the scan's memory to that many windows.

@@ -81,6 +81,8 @@ def test_the_read_size_is_at_least_8_mib() -> None:
         ("mixed", 600, lambda k: 300_000 if k % 25 == 0 else 1000 + k),
         ("every-other-large", 60, lambda k: 3 * MIB if k % 2 else 500),
         ("large-members", 12, lambda k: 9 * MIB + k),
+        ("probe-sized-then-8-mib", 10, lambda k: 8 * MIB + 4096 if k % 2 else 60_000 + k),
+        ("just-over-a-read", 8, lambda k: 8 * MIB + 70_000),
     ],
 )
 def test_indexing_a_shard_takes_at_most_bytes_over_8_mib_plus_2_requests(
