@@ -11,8 +11,10 @@ Parts, all in one run:
   apart), the raw listing (``Store.list``, the baseline), the first ``open_index`` (list +
   build + save), a reopen (``immutable``: no store call) and a ``validate`` reopen (one
   listing), each as seconds and as a ratio to the raw listing;
-* tar layout: the header scan of shards holding small and some large members, with the
-  bytes it read as a fraction of the shard bytes;
+* tar layout: the header scan of shards holding small and some large members: its time
+  against the raw listing, the requests per shard against the target (shard bytes / 8 MiB
+  + 2, NOTE[tar-scan] in fastdata/layouts/tar.py) and the bytes it read as a fraction of
+  the shard bytes; then the same with sidecar indexes (``write_tar_index``);
 * a synthetic saved index of 10 million samples (``save_index``): bytes per sample on
   disk, and in fresh processes the ``open_index`` time (limit 1 s) and the RSS increase,
   also after ``keys``/``fingerprints``/``locations`` of a random batch of 256.
@@ -39,6 +41,7 @@ import numpy as np
 from fastdata.config import StoreConfig
 from fastdata.index import open_index, save_index
 from fastdata.layouts import ROW_DTYPE
+from fastdata.layouts.tar import write_tar_index
 from fastdata.store import ObjectInfo, Store
 from fastdata.testing.seaweedfs import SeaweedServer
 
@@ -130,18 +133,43 @@ def tar_part(server: SeaweedServer, shards: int, per_shard: int, cache_dir: Path
         total += len(data)
         writer.put_many([(f"{s:04d}.tar", data)])
     store = Store(url, storage_options=server.storage_options)
+    started = _clock()
+    listed = store.list()
+    list_s = _clock() - started
+    if len(listed) != shards:
+        raise RuntimeError(f"listed {len(listed)} of {shards} shards")
     before = store.stats()
     started = _clock()
-    index = open_index(url, store=store, cache_dir=str(cache_dir))
+    index = open_index(url, store=store, cache_dir=str(cache_dir / "scan"))
     build_s = _clock() - started
     after = store.stats()
+    requests = after.requests - before.requests
+    bytes_read = after.bytes_read - before.bytes_read
+    # The same shards with sidecar indexes (fastdata pack --index-only): no shard byte read.
+    started = _clock()
+    write_tar_index(url, store=store)
+    sidecar_write_s = _clock() - started
+    before = store.stats()
+    started = _clock()
+    with_sidecars = open_index(url, store=store, cache_dir=str(cache_dir / "sidecar"))
+    sidecar_build_s = _clock() - started
+    sidecar = store.stats()
+    if len(with_sidecars) != len(index):
+        raise RuntimeError("the sidecar index has other samples than the scan")
     return {
         "shards": shards,
         "samples": len(index),
         "shard_bytes": total,
+        "list_s": list_s,
         "build_s": build_s,
-        "requests": after.requests - before.requests,
-        "bytes_read": after.bytes_read - before.bytes_read,
+        "requests": requests,
+        "requests_per_shard": requests / shards,
+        "target_requests_per_shard": total / shards / (8 * 2**20) + 2,
+        "bytes_read": bytes_read,
+        "sidecar_write_s": sidecar_write_s,
+        "sidecar_build_s": sidecar_build_s,
+        "sidecar_requests": sidecar.requests - before.requests,
+        "sidecar_bytes_read": sidecar.bytes_read - before.bytes_read,
     }
 
 
@@ -240,8 +268,19 @@ def report(results: dict[str, Any]) -> None:
     share = t["bytes_read"] / t["shard_bytes"]
     print(
         f"\ntar header scan: {t['shards']} shards, {t['samples']} samples, "
-        f"{_mib(t['shard_bytes'])} of shards: {t['build_s']:.2f} s, {t['requests']} requests, "
-        f"read {_mib(t['bytes_read'])} = {share:.3f} of the bytes"
+        f"{_mib(t['shard_bytes'])} of shards: {t['build_s']:.2f} s = "
+        f"{t['build_s'] / t['list_s']:.1f}x the raw listing ({t['list_s']:.3f} s), "
+        f"{t['requests']} requests, read {_mib(t['bytes_read'])} = {share:.3f} of the bytes"
+    )
+    print(
+        f"  requests per shard (the listing included): {t['requests_per_shard']:.2f} (target "
+        f"<= shard bytes / 8 MiB + 2 = {t['target_requests_per_shard']:.2f}; ratio "
+        f"{t['requests_per_shard'] / t['target_requests_per_shard']:.2f})"
+    )
+    print(
+        f"  with sidecar indexes (written in {t['sidecar_write_s']:.2f} s): build "
+        f"{t['sidecar_build_s']:.2f} s = {t['sidecar_build_s'] / t['list_s']:.1f}x the raw "
+        f"listing, {t['sidecar_requests']} requests, {_mib(t['sidecar_bytes_read'])} read"
     )
     s = results["synthetic"]
     table = s["samples"] * ROW_DTYPE.itemsize

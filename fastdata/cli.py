@@ -18,7 +18,7 @@ import click
 
 from fastdata import __version__
 from fastdata.config import FastdataConfig
-from fastdata.errors import FastdataError
+from fastdata.errors import ConfigError, FastdataError
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
@@ -161,9 +161,19 @@ class _RichPackProgress:
 
 @cli.command("pack")
 @click.argument("src")
-@click.argument("dst")
+@click.argument("dst", required=False)
 @_source_options
 @click.option("--labels", is_flag=True, help="files layout: add ImageFolder labels.")
+@click.option(
+    "--label-from",
+    help="files layout: labels from the key, 'folder' or 'regex:<pattern>' (implies labels).",
+)
+@click.option(
+    "--index-only",
+    is_flag=True,
+    help="Tar SRC: write a sidecar index <shard>.fdidx next to each shard instead of packing "
+    "(later index builds read no shard bytes); give no DST.",
+)
 @click.option("--shard-bytes", default="256MiB", show_default=True, help="Target shard size.")
 @click.option(
     "--compress", multiple=True, help="FIELD=LEVEL (repeatable) or LEVEL for every field (zstd)."
@@ -172,26 +182,40 @@ class _RichPackProgress:
 @_store_options
 def pack_command(
     src: str,
-    dst: str,
+    dst: str | None,
     layout: str | None,
     pattern: str | None,
     fields: tuple[str, ...],
     labels: bool,
+    label_from: str | None,
+    index_only: bool,
     shard_bytes: str,
     compress: tuple[str, ...],
     concurrency: int,
     storage_option: tuple[str, ...],
     endpoint_url: str | None,
 ) -> None:
-    """Convert the dataset at SRC into packed shards at DST (rerun to resume)."""
+    """Convert the dataset at SRC into packed shards at DST (rerun to resume).
+
+    With --index-only, write a sidecar index next to each tar shard of SRC instead.
+    """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from fastdata.config import parse_size
     from fastdata.pack import pack, parse_compress
 
+    if index_only:
+        labelled = labels or label_from is not None
+        _index_only(src, dst, layout, pattern, fields, labelled, storage_option, endpoint_url)
+        return
+    if dst is None:
+        raise ConfigError("fastdata pack needs SRC and DST (or --index-only with SRC alone)")
+
     options: dict[str, Any] = {"labels": True} if labels else {}
     # The source index is saved in the cache directory.
     _check_cache_dir(None, write=True, hint="FASTDATA_CACHE_DIR")
+    if label_from is not None:
+        options["label_from"] = label_from
     with Progress(
         "[progress.description]{task.description}",
         BarColumn(),
@@ -217,6 +241,32 @@ def pack_command(
         f"({result.written} written, {result.skipped} already complete, "
         f"{result.bytes_written} bytes uploaded)"
     )
+
+
+def _index_only(
+    src: str,
+    dst: str | None,
+    layout: str | None,
+    pattern: str | None,
+    fields: tuple[str, ...],
+    labels: bool,
+    storage_option: tuple[str, ...],
+    endpoint_url: str | None,
+) -> None:
+    """``fastdata pack SRC --index-only``: sidecar indexes next to SRC's tar shards."""
+    from fastdata.layouts.tar import write_tar_index
+
+    if dst is not None:
+        raise ConfigError(f"--index-only writes next to the shards of SRC; drop DST ({dst!r})")
+    if layout not in (None, "tar") or fields or labels:
+        raise ConfigError(
+            "--index-only indexes tar shards as they are: drop --layout (other than tar), "
+            "--field and --labels"
+        )
+    written = write_tar_index(
+        src, pattern=pattern, storage_options=_storage_options(storage_option, endpoint_url)
+    )
+    click.echo(f"wrote {len(written)} sidecar index(es) next to the tar shards of {src}")
 
 
 # -- warm, stats, doctor, clear (docs/cli.md) -------------------------------------------

@@ -46,8 +46,16 @@ import numpy.typing as npt
 
 from fastdata.config import default_cache_dir
 from fastdata.errors import CacheError, ConfigError, FastdataError, ObjectChangedError
-from fastdata.layouts import ROW_DTYPE, Layout, Sample, detect_layout, make_layout
-from fastdata.layouts.base import BuildResult, ObjectScan, UnitView, corrupt
+from fastdata.layouts import (
+    ROW_DTYPE,
+    Layout,
+    Sample,
+    detect_layout,
+    make_layout,
+    refuse_compressed,
+)
+from fastdata.layouts.base import BuildResult, CompanionLayout, ObjectScan, UnitView, corrupt
+from fastdata.layouts.files import callable_identity
 from fastdata.layouts.table import SampleTable, TableVersions
 from fastdata.store import ByteRange, ObjectInfo, Store, glob_to_regex
 
@@ -500,8 +508,16 @@ def _spec_key(
         "fields": list(fields) if fields is not None else None,
         "options": dict(options),
     }
-    text = json.dumps(spec, sort_keys=True, default=repr)
+    text = json.dumps(spec, sort_keys=True, default=_stable_repr)
     return hashlib.blake2b(text.encode(), digest_size=12, person=b"fastdata-spec").hexdigest()
+
+
+def _stable_repr(value: Any) -> str:
+    """A JSON stand-in for an option value that JSON cannot hold: a callable (the files
+    layout's ``label_from``) by its module, name and code, never by its address."""
+    if callable(value):
+        return callable_identity(value)
+    return repr(value)
 
 
 def namespace_id(identity: str, url: str) -> bytes:
@@ -524,9 +540,17 @@ class _Selection:
     """The listing of a dataset with its resolved layout, pattern and identities."""
 
     def __init__(
-        self, identity: str, url: str, objects: list[ObjectInfo], layout: Layout, pattern: str
+        self,
+        identity: str,
+        url: str,
+        objects: list[ObjectInfo],
+        layout: Layout,
+        pattern: str,
+        listing: Sequence[ObjectInfo] = (),
     ) -> None:
         self.identity = identity
+        self.listing = listing
+        """Everything listed below the root (the companions of ``CompanionLayout``)."""
         self.url = url
         self.objects = sorted(objects, key=lambda o: o.path.encode("utf-8", "surrogateescape"))
         self.layout = layout
@@ -557,24 +581,39 @@ class _Request:
         return None if table is None else SampleIndex(table, storage_options=self.storage_options)
 
     def select(self) -> _Selection:
-        """List the dataset and resolve its layout and pattern."""
+        """List the dataset and resolve its layout and pattern.
+
+        The whole root is listed once (a store lists every key below a prefix whatever
+        the pattern) and the patterns are applied here, so the layouts see the other
+        objects beside their own (``CompanionLayout``: tar sidecars, a pack manifest).
+        """
+        everything = self.store.list("")
+        listing = _matching(everything, self.pattern) if self.pattern else everything
         if self.layout is None:
-            listing = self.store.list("", self.pattern)
             name = detect_layout(listing, self.url)
             chosen = make_layout(name, fields=self.fields, **self.options)
-            if self.pattern is None:
-                regex = glob_to_regex(chosen.default_pattern)
-                listing = [info for info in listing if regex.match(info.path)]
         else:
             chosen = make_layout(self.layout, fields=self.fields, **self.options)
-            listing = self.store.list("", self.pattern or chosen.default_pattern)
         used = self.pattern or chosen.default_pattern
+        if self.pattern is None:
+            listing = _matching(listing, used)
+        if chosen.name == "tar":
+            # The same refusal as detection's, whether the layout was named or detected.
+            refuse_compressed(listing or _matching(everything, self.pattern), self.url)
         if not listing:
             raise ConfigError(
                 f"no objects under {self.url!r} match {used!r}: check the URL, the pattern "
                 "and the credentials"
             )
-        return _Selection(self.store.identity, self.url, listing, chosen, used)
+        return _Selection(self.store.identity, self.url, listing, chosen, used, everything)
+
+
+def _matching(objects: Sequence[ObjectInfo], pattern: str | None) -> list[ObjectInfo]:
+    """The objects whose path matches the glob ``pattern`` (all when ``None``)."""
+    if pattern is None:
+        return list(objects)
+    regex = glob_to_regex(pattern)
+    return [info for info in objects if regex.match(info.path)]
 
 
 def _report_changes(old: SampleIndex, new: _Selection, strict: bool) -> None:
@@ -607,7 +646,12 @@ def _build(
     store: Store, versions: TableVersions, selection: _Selection, previous: SampleIndex | None
 ) -> SampleTable:
     reuse = _Reuse(previous._table) if previous is not None else None
-    result = selection.layout.build(store, selection.objects, reuse)
+    layout = selection.layout
+    if isinstance(layout, CompanionLayout):
+        companions = {info.path: info for info in selection.listing}
+        result = layout.build_with_companions(store, selection.objects, reuse, companions)
+    else:
+        result = layout.build(store, selection.objects, reuse)
     logger.info(
         "indexed %s: %d samples in %d objects (%s layout)",
         selection.url,

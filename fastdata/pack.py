@@ -28,9 +28,9 @@ import numpy as np
 
 from fastdata import record
 from fastdata.errors import ConfigError, CorruptRecordError, ObjectNotFoundError
-from fastdata.index import SampleIndex
+from fastdata.index import SampleIndex, normalize_url
 from fastdata.layouts import PACKED_EXTENSION, RawRecord, ShardBuilder
-from fastdata.layouts.packed import scan_shards
+from fastdata.layouts.packed import MANIFEST_NAME, scan_shards
 from fastdata.spec import DatasetSpec
 from fastdata.store import ByteRange, Store
 
@@ -38,7 +38,7 @@ __all__ = ["MANIFEST", "PackProgress", "PackResult", "pack", "parse_compress", "
 
 logger = logging.getLogger(__name__)
 
-MANIFEST = "_fastdata_pack.json"
+MANIFEST = MANIFEST_NAME
 """Name of the plan/manifest object written into DST."""
 MANIFEST_FORMAT = 1
 RECORD_OVERHEAD_BYTES = 128
@@ -175,16 +175,21 @@ class _Packer:
 def _manifest(
     index: SampleIndex, names: list[str], bounds: np.ndarray, settings: dict[str, Any]
 ) -> dict[str, Any]:
+    source: dict[str, Any] = {
+        "url": index.url,
+        "layout": index.layout.name,
+        "options": index.layout.options(),
+        "pattern": index.pattern,
+        "fingerprint": index.fingerprint,
+        "samples": len(index),
+    }
+    if index.classes is not None:
+        # The labels are in the records (read with the index fields); the class names
+        # go here, where the packed layout's index finds them (PackedLayout).
+        source["classes"] = index.classes
     return {
         "format": MANIFEST_FORMAT,
-        "source": {
-            "url": index.url,
-            "layout": index.layout.name,
-            "options": index.layout.options(),
-            "pattern": index.pattern,
-            "fingerprint": index.fingerprint,
-            "samples": len(index),
-        },
+        "source": source,
         "settings": settings,
         "shards": [
             {"name": name, "first": int(bounds[k]), "count": int(bounds[k + 1] - bounds[k])}
@@ -275,6 +280,7 @@ def pack(
     if not 1 <= concurrency <= 256:
         raise ConfigError(f"concurrency must be an int in 1..256, got {concurrency!r}")
     compress = _check_compress(compress)
+    _refuse_nested(src, dst, storage_options, dst_storage_options)
     spec = DatasetSpec(
         src,
         layout=layout,
@@ -305,6 +311,27 @@ def pack(
         skipped=len(done),
         bytes_written=packer.bytes_written,
     )
+
+
+def _refuse_nested(
+    src: str,
+    dst: str,
+    storage_options: Mapping[str, Any] | None,
+    dst_storage_options: Mapping[str, Any] | None,
+) -> None:
+    """Refuse a destination inside the source: its shards (and manifest) would become
+    objects of the source, and a class folder of a labelled one, on the next index."""
+    src_url, dst_url = normalize_url(src), normalize_url(dst)
+    if dst_url != src_url and not dst_url.startswith(src_url.rstrip("/") + "/"):
+        return
+    src_id = Store(src_url, storage_options=storage_options).identity
+    dst_id = Store(dst_url, storage_options=dst_storage_options or storage_options).identity
+    if src_id == dst_id:
+        raise ConfigError(
+            f"destination {dst!r} is inside the source {src!r}: the packed shards would "
+            "become part of the source on its next index (a new class folder, or samples "
+            "counted twice); choose a destination outside the source"
+        )
 
 
 def _prepare(dst: Store, plan: dict[str, Any]) -> set[str]:

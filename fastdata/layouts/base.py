@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, TypeAlias
+from typing import Any, ClassVar, Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
 
@@ -28,6 +28,7 @@ __all__ = [
     "NO_LABEL",
     "ROW_DTYPE",
     "BuildResult",
+    "CompanionLayout",
     "FieldValue",
     "Layout",
     "ObjectScan",
@@ -183,6 +184,26 @@ class Layout(Protocol):
 
     def estimate_bytes(self, rows: np.ndarray) -> np.ndarray:
         """Approximate encoded size of each sample (plans ``fastdata pack`` shards)."""
+        ...
+
+
+@runtime_checkable
+class CompanionLayout(Protocol):
+    """A layout that also reads objects listed beside the selected ones at index time
+    (tar sidecar indexes, a pack manifest). The index calls this instead of ``build``.
+
+    The companions are not part of the dataset's fingerprint: they may speed a build up
+    or add metadata, but the samples come from the selected objects.
+    """
+
+    def build_with_companions(
+        self,
+        store: Store,
+        objects: Sequence[ObjectInfo],
+        previous: PreviousScans | None,
+        companions: Mapping[str, ObjectInfo],
+    ) -> BuildResult:
+        """``build``, with every listed object below the root by path in ``companions``."""
         ...
 
 

@@ -10,8 +10,10 @@ stores them as they are.
 
 from __future__ import annotations
 
+import json
+import logging
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -32,7 +34,16 @@ from fastdata.layouts.base import (
 )
 from fastdata.store import ByteRange, ObjectInfo, Store
 
-__all__ = ["EXTENSION", "FORMAT_VERSION", "PackedLayout", "ShardBuilder", "scan_shards"]
+__all__ = [
+    "EXTENSION",
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "PackedLayout",
+    "ShardBuilder",
+    "scan_shards",
+]
+
+logger = logging.getLogger(__name__)
 
 EXTENSION = ".fdpack"
 FORMAT_VERSION = 1
@@ -47,6 +58,9 @@ ENTRY_BYTES = 16
 TAIL_BYTES = 64 * 1024
 """Bytes fetched from the end of each shard in the first footer round."""
 MAX_RECORDS = 2**32 - 1
+MANIFEST_NAME = "_fastdata_pack.json"
+"""The plan/manifest ``fastdata pack`` writes beside its shards; its ``source.classes``
+are the class names of the source's labels (the packed index's ``classes``)."""
 
 
 class ShardBuilder:
@@ -197,8 +211,23 @@ class PackedLayout:
         self, store: Store, objects: Sequence[ObjectInfo], previous: PreviousScans | None
     ) -> BuildResult:
         """Read every shard's footer."""
+        return self.build_with_companions(store, objects, previous, {})
+
+    def build_with_companions(
+        self,
+        store: Store,
+        objects: Sequence[ObjectInfo],
+        previous: PreviousScans | None,
+        companions: Mapping[str, ObjectInfo],
+    ) -> BuildResult:
+        """Read every shard's footer, and the class names from the pack manifest beside
+        the shards when it is listed (``MANIFEST_NAME`` in the shards' folder)."""
         scans = scan_with_reuse(objects, previous, lambda batch: scan_shards(store, batch))
-        return BuildResult(rows=concat_scans(scans))
+        meta: dict[str, Any] = {}
+        classes = _manifest_classes(store, objects, companions)
+        if classes is not None:
+            meta["classes"] = classes
+        return BuildResult(rows=concat_scans(scans), meta=meta)
 
     def fetch_spans(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The record's bytes."""
@@ -216,3 +245,29 @@ class PackedLayout:
     def estimate_bytes(self, rows: np.ndarray) -> np.ndarray:
         """The record size."""
         return rows["length"].astype(np.int64)
+
+
+def _manifest_classes(
+    store: Store, objects: Sequence[ObjectInfo], companions: Mapping[str, ObjectInfo]
+) -> list[str] | None:
+    """The source's class names from the pack manifests of the shards' folders, when
+    every folder has one and they agree; else None (logged when they disagree)."""
+    folders = sorted({o.path.rpartition("/")[0] for o in objects})
+    paths = [f"{folder}/{MANIFEST_NAME}" if folder else MANIFEST_NAME for folder in folders]
+    found = [companions.get(path) for path in paths]
+    if not objects or any(info is None for info in found):
+        return None
+    requests = [ByteRange(info.path, 0, None, info.etag) for info in found if info is not None]
+    names: list[list[str] | None] = []
+    for info, raw in zip(requests, store.get_many(requests), strict=True):
+        try:
+            classes = json.loads(bytes(memoryview(raw)))["source"].get("classes")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            logger.warning("pack manifest %r is unreadable (%s); no class names", info.path, exc)
+            return None
+        ok = isinstance(classes, list) and all(isinstance(c, str) for c in classes)
+        names.append(classes if ok else None)
+    if any(n != names[0] for n in names):
+        logger.warning("the pack manifests of %s name different classes; none kept", folders)
+        return None
+    return names[0]

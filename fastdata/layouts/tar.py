@@ -6,25 +6,42 @@ members with the same key form one sample; a sample never spans two shards. Memb
 without an extension and non-file members (directories, links) are skipped. GNU long
 names and POSIX pax headers (``path``, ``size``) are honoured.
 
-Index time reads headers only, with ranged requests: one window per shard and round,
-all shards of a round in one ``get_many``. A window starts at the next header and is
-``SCAN_WINDOW_BYTES`` long; while a shard's members are small it doubles (up to
-``SCAN_WINDOW_MAX_BYTES``) so that many headers come with one request, and after a
-member larger than the window it shrinks again, so that large payloads are skipped
-rather than downloaded. Each sample row covers the bytes from its first header to the
-end of its last member's data, so one sample (or a run of consecutive samples) is one
-ranged read. At most ``SCAN_SHARDS`` shards are walked at once, which bounds the
-memory of a scan to ``SCAN_SHARDS * SCAN_WINDOW_MAX_BYTES``.
+NOTE[tar-scan]: index time reads headers with few, large ranged reads. A shard of at most
+``SCAN_WHOLE_BYTES`` is one read of the whole object. A larger one is walked window after
+window: every header that lies in a window is parsed from it, and the next window starts
+at the first header that does not. The first window is a ``SCAN_PROBE_BYTES`` probe; a
+window after one whose walk ended inside it, or jumped less than ``SCAN_READ_BYTES`` past
+its end, is ``SCAN_READ_BYTES + SCAN_SLACK_BYTES`` long; a window after a jump of at
+least ``SCAN_READ_BYTES`` over a large member is a probe again, so that large payloads
+are skipped, not downloaded. The count: a full read moves the walk on by at least
+``SCAN_READ_BYTES``; a probe follows a window whose walk jumped at least that far past
+its end, which moved the walk on by that much beyond its own length (twice
+``SCAN_READ_BYTES`` for a full read), so each run of probes is paid for by the jumps
+that start and continue it. Only the first probe and the last window go unpaid, and a
+shard of ``n`` bytes takes at most ``n / SCAN_READ_BYTES + 2`` requests
+while its metadata headers (pax, long names) stay below ``SCAN_SLACK_BYTES``. Shards are
+walked concurrently, one thread each, up to the store's ``max_concurrency`` (at most
+``SCAN_MAX_SHARDS``), which bounds the scan's memory to that many windows.
+
+A sidecar ``<shard>.tar.fdidx`` (:func:`write_tar_index`, ``fastdata pack --index-only``)
+holds a shard's member table with the shard's size and ETag; when it is listed beside a
+shard and matches it, the shard's rows come from the sidecar and no shard byte is read.
+
+Each sample row covers the bytes from its first header to the end of its last member's
+data, so one sample (or a run of consecutive samples) is one ranged read.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import tarfile
 import warnings
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 import numpy as np
 
@@ -40,20 +57,31 @@ from fastdata.layouts.base import (
     empty_rows,
     scan_with_reuse,
 )
-from fastdata.store import ByteRange, ObjectInfo, Store
+from fastdata.store import ByteRange, ObjectInfo, Store, glob_to_regex
 
-__all__ = ["TarLayout", "split_member_name"]
+__all__ = ["SIDECAR_SUFFIX", "TarLayout", "split_member_name", "walk_shard", "write_tar_index"]
 
 logger = logging.getLogger(__name__)
 
+_T = TypeVar("_T")
+
 BLOCK = 512
 _ZERO_BLOCK = bytes(BLOCK)
-SCAN_WINDOW_BYTES = 16 * 1024
-"""First window read at each header position while scanning a shard."""
-SCAN_WINDOW_MAX_BYTES = 1024 * 1024
-"""Largest window; reached only while a shard's members stay small."""
-SCAN_SHARDS = 64
-"""Shards scanned together (one ``get_many`` per round): at most 64 MiB of windows."""
+SCAN_READ_BYTES = 8 * 1024 * 1024
+"""The store's best request size: each window but probes reads this (plus the slack)."""
+SCAN_SLACK_BYTES = 64 * 1024
+"""Added to a read so that a window ending in a header still moves the walk on by
+``SCAN_READ_BYTES``."""
+SCAN_WHOLE_BYTES = SCAN_READ_BYTES + SCAN_SLACK_BYTES
+"""Shards of at most this many bytes are read whole, in one request."""
+SCAN_PROBE_BYTES = 64 * 1024
+"""The first window of a larger shard, and the window after a jump over a large member."""
+SCAN_MAX_SHARDS = 64
+"""Shards walked at once at most (also bounded by ``StoreConfig.max_concurrency``)."""
+SIDECAR_SUFFIX = ".fdidx"
+"""A shard's sidecar index is the shard's path plus this suffix (``0.tar.fdidx``)."""
+SIDECAR_FORMAT = "fastdata-tar-index"
+SIDECAR_VERSION = 1
 _MAX_META_BYTES = 1024 * 1024
 _FILE_TYPES = frozenset({tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE})
 _META_TYPES = frozenset(
@@ -104,7 +132,7 @@ class _Walker:
         self.truncated_at: int | None = None
         self.truncated_name = ""
         self._what = ""
-        self.window = SCAN_WINDOW_BYTES
+        self.window = limit - pos if limit - pos <= SCAN_WHOLE_BYTES else SCAN_PROBE_BYTES
         self._meta_start: int | None = None
         self._long_name: str | None = None
         self._pax: dict[str, str] = {}
@@ -124,10 +152,10 @@ class _Walker:
                 self._finish_short(view, base, end)
                 return
             if self.pos + BLOCK > end:
-                # Window used up by small members: read more at once next time. Jumped
-                # past it over a large member: go back to a small window.
-                grown = min(self.window * 2, SCAN_WINDOW_MAX_BYTES)
-                self.window = grown if self.pos <= end else SCAN_WINDOW_BYTES
+                # NOTE[tar-scan]: a jump of a full read over a large member earns a probe;
+                # otherwise the next window is a full read.
+                large_jump = self.pos - end >= SCAN_READ_BYTES
+                self.window = SCAN_PROBE_BYTES if large_jump else SCAN_WHOLE_BYTES
                 return
             block = view[self.pos - base : self.pos - base + BLOCK]
             if block == _ZERO_BLOCK:
@@ -244,6 +272,165 @@ def _parse_pax(payload: bytes, fail: Any, offset: int) -> Iterator[tuple[str, st
         pos += int(digits)
 
 
+def walk_shard(store: Store, info: ObjectInfo) -> _Walker:
+    """Walk the headers of one shard with few, large reads (NOTE[tar-scan])."""
+    walker = _Walker(info.path, info.size)
+    while not walker.done:
+        start, end = walker.pos, walker.request_end()
+        whole = start == 0 and end == info.size
+        request = ByteRange(info.path, start, None if whole else end, info.etag)
+        (buf,) = store.get_many([request])
+        view = memoryview(buf).cast("B")
+        if len(view) != end - start:
+            raise corrupt(walker.path, start, "the object is shorter than listed")
+        walker.feed(view, start)
+        del view, buf  # one window per shard in memory at a time
+    return walker
+
+
+def _concurrently(
+    store: Store, infos: Sequence[ObjectInfo], task: Callable[[ObjectInfo], _T]
+) -> list[_T]:
+    """``task`` of every shard, up to the store's concurrency at once; results in order.
+
+    The first failure (in shard order) is raised and the tasks not yet started are
+    cancelled.
+    """
+    workers = max(1, min(store.config.max_concurrency, SCAN_MAX_SHARDS, len(infos)))
+    if workers == 1:
+        return [task(info) for info in infos]
+    with ThreadPoolExecutor(workers, thread_name_prefix="fastdata-tar-scan") as pool:
+        futures = [pool.submit(task, info) for info in infos]
+        try:
+            return [future.result() for future in futures]
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+
+
+def _field_counts(extra: bytes) -> dict[str, int] | None:
+    """The per-field sample counts a scan saved in its extra bytes (None: none saved)."""
+    if not extra:
+        return None
+    found = json.loads(extra).get("fields")
+    return found if isinstance(found, dict) else None
+
+
+def _sidecar_bytes(info: ObjectInfo, walker: _Walker) -> bytes:
+    truncated = (
+        [walker.truncated_at, walker.truncated_name, walker._what]
+        if walker.truncated_at is not None
+        else None
+    )
+    doc = {
+        "format": SIDECAR_FORMAT,
+        "version": SIDECAR_VERSION,
+        "shard": info.path.rpartition("/")[2],
+        "size": info.size,
+        "etag": info.etag,
+        "members": [[m.start, m.data_start, m.size, m.name] for m in walker.members],
+        "truncated": truncated,
+    }
+    return json.dumps(doc, separators=(",", ":")).encode("ascii")
+
+
+def _parse_sidecar(info: ObjectInfo, raw: bytes) -> _Walker:
+    """The walker state a sidecar holds; ValueError (or KeyError/TypeError) when it is
+    not a valid sidecar of ``info``'s version."""
+    doc = json.loads(raw)
+    if doc.get("format") != SIDECAR_FORMAT or doc.get("version") != SIDECAR_VERSION:
+        raise ValueError(f"not a version-{SIDECAR_VERSION} {SIDECAR_FORMAT} document")
+    if doc["size"] != info.size or doc["etag"] != info.etag:
+        raise ValueError(
+            f"it describes size {doc['size']} and ETag {doc['etag']!r}, but the shard has "
+            f"size {info.size} and ETag {info.etag!r} (rewritten since)"
+        )
+    walker = _Walker(info.path, info.size)
+    walker.done = True
+    end = 0
+    for start, data_start, size, name in doc["members"]:
+        if not all(type(v) is int for v in (start, data_start, size)) or not isinstance(name, str):
+            raise ValueError("a member entry is not [start, data_start, size, name]")
+        if not end <= start < data_start or data_start % BLOCK or data_start + size > info.size:
+            raise ValueError(f"member {name!r} at byte {start} is out of place")
+        walker.members.append(_Member(start, data_start, size, name))
+        end = data_start + _padded(size)
+    if doc["truncated"] is not None:
+        at, name, what = doc["truncated"]
+        walker.truncated_at, walker.truncated_name, walker._what = int(at), str(name), str(what)
+    return walker
+
+
+def _read_sidecar(store: Store, info: ObjectInfo, sidecar: ObjectInfo) -> _Walker | None:
+    """The shard's walker from its sidecar, or None (logged) when the sidecar does not fit."""
+    (raw,) = store.get_many([ByteRange(sidecar.path, 0, None, sidecar.etag)])
+    try:
+        return _parse_sidecar(info, bytes(memoryview(raw)))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        message = (
+            f"sidecar index {sidecar.path!r} does not fit shard {info.path!r} ({exc}); "
+            "reading the shard's headers instead. Write it again with "
+            "`fastdata pack SRC --index-only` (fastdata.layouts.tar.write_tar_index)"
+        )
+        logger.warning(message)
+        return None
+
+
+def write_tar_index(
+    url: str,
+    *,
+    pattern: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    store: Store | None = None,
+) -> list[str]:
+    """Write a sidecar index ``<shard>.tar.fdidx`` next to every tar shard under ``url``.
+
+    A sidecar holds the shard's member table (offsets, sizes and names of every member)
+    with the shard's size and ETag. Indexing the dataset afterwards reads the sidecars
+    instead of the shards' headers: no shard byte is read for a shard whose sidecar
+    matches it. A shard rewritten later no longer matches its sidecar and is read as if
+    it had none (with a warning). Truncated shards are described as they are, so
+    ``on_truncated`` still decides at index time.
+
+    Args:
+        url: The dataset root.
+        pattern: Glob selecting the shards (default ``**/*.tar``).
+        storage_options: Passed to the store.
+        store: An open store rooted at ``url`` to use instead.
+
+    Returns:
+        The paths of the sidecars written, relative to ``url``.
+
+    Raises:
+        ConfigError: No shard matches, or the pattern selects objects that are not tar.
+        CorruptRecordError: A shard's headers are malformed (names shard and offset).
+        StoreError: The store failed.
+    """
+    if pattern is not None and (not isinstance(pattern, str) or not pattern):
+        raise ConfigError(f"pattern must be a non-empty glob such as '**/*.tar', got {pattern!r}")
+    if store is None:
+        store = Store(url, storage_options=dict(storage_options or {}))
+    regex = glob_to_regex(pattern or TarLayout.default_pattern)
+    shards = [
+        info
+        for info in store.list("")
+        if regex.match(info.path) and not info.path.endswith(SIDECAR_SUFFIX)
+    ]
+    if not shards:
+        raise ConfigError(
+            f"no tar shards under {url!r} match {pattern or TarLayout.default_pattern!r}: "
+            "check the URL and the pattern"
+        )
+
+    def one(info: ObjectInfo) -> str:
+        path = info.path + SIDECAR_SUFFIX
+        store.put_many([(path, _sidecar_bytes(info, walk_shard(store, info)))])
+        return path
+
+    return _concurrently(store, shards, one)
+
+
 @dataclass(frozen=True)
 class TarLayout:
     """WebDataset-style tar shards.
@@ -294,30 +481,61 @@ class TarLayout:
     def build(
         self, store: Store, objects: Sequence[ObjectInfo], previous: PreviousScans | None
     ) -> BuildResult:
-        """Read every shard's headers (windows, all shards of a round at once)."""
-        scans = scan_with_reuse(
-            objects, previous, lambda batch: self._scan(store, batch), batch=SCAN_SHARDS
-        )
-        return BuildResult(rows=concat_scans(scans))
+        """Read every shard's headers (NOTE[tar-scan]); no sidecars are looked for."""
+        return self.build_with_companions(store, objects, previous, {})
 
-    def _scan(self, store: Store, infos: Sequence[ObjectInfo]) -> list[ObjectScan]:
-        walkers = [_Walker(info.path, info.size) for info in infos]
-        active = [(w, info) for w, info in zip(walkers, infos, strict=True) if not w.done]
-        while active:
-            spans = [(w.pos, w.request_end()) for w, _ in active]
-            requests = [
-                ByteRange(i.path, start, end, i.etag)
-                for (_, i), (start, end) in zip(active, spans, strict=True)
-            ]
-            for (walker, _), (start, end), buf in zip(
-                active, spans, store.get_many(requests), strict=True
-            ):
-                view = memoryview(buf).cast("B")
-                if len(view) != end - start:
-                    raise corrupt(walker.path, start, "the object is shorter than listed")
-                walker.feed(view, start)
-            active = [(w, i) for w, i in active if not w.done]
-        return [self._rows(w) for w in walkers]
+    def build_with_companions(
+        self,
+        store: Store,
+        objects: Sequence[ObjectInfo],
+        previous: PreviousScans | None,
+        companions: Mapping[str, ObjectInfo],
+    ) -> BuildResult:
+        """Index the shards, from their sidecar indexes where ``companions`` (the other
+        listed objects, by path) hold matching ones, else by reading their headers.
+
+        Raises:
+            ConfigError: A field of ``fields`` is in no sample of any shard.
+            CorruptRecordError: A shard is malformed (names it and the byte offset).
+        """
+        scans = scan_with_reuse(
+            objects,
+            previous,
+            lambda batch: _concurrently(store, batch, lambda i: self._index(store, i, companions)),
+            batch=max(1, len(objects)),
+        )
+        self._check_fields(objects, scans)
+        return BuildResult(rows=concat_scans(scans), extras=[s.extra for s in scans])
+
+    def _index(
+        self, store: Store, info: ObjectInfo, companions: Mapping[str, ObjectInfo]
+    ) -> ObjectScan:
+        sidecar = companions.get(info.path + SIDECAR_SUFFIX)
+        walker = _read_sidecar(store, info, sidecar) if sidecar is not None else None
+        return self._rows(walker if walker is not None else walk_shard(store, info))
+
+    def _check_fields(self, objects: Sequence[ObjectInfo], scans: Sequence[ObjectScan]) -> None:
+        if self.fields is None:
+            return
+        counts: Counter[str] = Counter()
+        for scan in scans:
+            found = _field_counts(scan.extra)
+            if found is None:  # scanned by an older version: nothing to compare with
+                return
+            counts.update(found)
+        missing = [f for f in self.fields if f not in counts]
+        if not missing:
+            return
+        have = ", ".join(f"{name!r} ({n} samples)" for name, n in counts.most_common(20))
+        examples = ", ".join(repr(o.path) for o in objects[:3]) + (
+            ", ..." if len(objects) > 3 else ""
+        )
+        raise ConfigError(
+            f"no sample of the {len(objects)} tar shard(s) ({examples}) "
+            f"has the field(s) {missing}; the fields they have: {have or 'none'}. A tar field "
+            "is a member's extension after the first dot of its name ('jpg', 'seg.png'): fix "
+            "fields=, or leave it out to keep every field"
+        )
 
     def _rows(self, walker: _Walker) -> ObjectScan:
         members = walker.members
@@ -326,13 +544,18 @@ class TarLayout:
                 walker.raise_if_truncated()
             members = self._drop_partial_sample(walker)
         groups = self._group(members, walker.path)
+        counts = Counter(_field_of(m) for group in groups for m in group)
+        if self.fields is not None:
+            wanted = set(self.fields)
+            groups = [g for g in groups if any(_field_of(m) in wanted for m in g)]
         rows = empty_rows(len(groups))
         for i, group in enumerate(groups):
             last = group[-1]
             rows[i]["offset"] = group[0].start
             rows[i]["length"] = last.data_start + last.size - group[0].start
             rows[i]["aux"] = len(group)
-        return ObjectScan(rows)
+        extra = json.dumps({"fields": dict(sorted(counts.items()))}, separators=(",", ":"))
+        return ObjectScan(rows, extra.encode())
 
     def _drop_partial_sample(self, walker: _Walker) -> list[_Member]:
         members = list(walker.members)
@@ -368,9 +591,6 @@ class TarLayout:
             else:
                 groups.append([member])
                 keys.append(key)
-        if self.fields is not None:
-            wanted = set(self.fields)
-            groups = [g for g in groups if any(_field_of(m) in wanted for m in g)]
         return groups
 
     def fetch_spans(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
