@@ -561,7 +561,13 @@ def test_save_index_is_found_by_open_index_without_the_store(tmp_path: Path) -> 
     (scan,) = scan_shards(store, [info])
     saved = save_index(str(root), [info], scan.rows, layout="packed", cache_dir=cache(tmp_path))
     counting = CountingStore(saved.url)
-    opened = open_index(str(root), layout="packed", store=counting, cache_dir=cache(tmp_path))
+    opened = open_index(
+        str(root),
+        layout="packed",
+        store=counting,
+        cache_dir=cache(tmp_path),
+        consistency="immutable",
+    )
     assert (counting.lists, counting.get_calls) == (0, 0)
     assert opened.fingerprint == saved.fingerprint
     assert [bytes(s.buffer) for s in opened.read_samples(store, [9, 0])] == [records[9], records[0]]
