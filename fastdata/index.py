@@ -611,7 +611,7 @@ def _save(versions: TableVersions, selection: _Selection, result: BuildResult) -
     meta = {
         "url": selection.url,
         "layout": selection.layout.name,
-        "layout_options": selection.layout.options(),
+        "layout_options": {**selection.layout.options(), **result.options},
         "pattern": selection.pattern,
         "dataset_id": selection.dataset_id.hex(),
         "store_identity": selection.identity,
