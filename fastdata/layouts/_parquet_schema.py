@@ -186,7 +186,8 @@ def has_nulls(metadata: pq.FileMetaData, output: Output) -> bool:
             continue
         for leaf in output.leaves:
             stats = rg.column(leaf).statistics
-            if stats is None or not stats.has_null_count or stats.null_count > 0:
+            count = stats.null_count if stats is not None else None
+            if count is None or count > 0:
                 return True
     return False
 

@@ -450,7 +450,7 @@ def _temporal_ticks(array: pa.Array[Any]) -> np.ndarray:
     with ``batch.view(f"datetime64[{unit}]")``.
     """
     storage = pa.int32() if array.type.bit_width == 32 else pa.int64()
-    ticks = array.view(storage).fill_null(pa.scalar(0, type=storage))  # a null is 0 ticks
+    ticks = array.view(storage).fill_null(0)  # a null is 0 ticks
     return ticks.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
