@@ -158,9 +158,10 @@ def epoch_order(index: SampleIndex, config: PlanConfig, epoch: int) -> EpochOrde
         _warned_global.add(index.url)
         logger.warning(
             "%s: shuffle='global' over Parquet row groups: while the cache is cold, nearly "
-            "every batch needs its own row groups, so an epoch fetches them many times over. "
-            "Warm the cache first (`fastdata warm`), or keep the default shuffle (True), "
-            "which walks row groups and fetches each once",
+            "every batch needs its own row groups, so an epoch larger than the rows a "
+            "process keeps (1 GiB) fetches them many times over. Warm the cache first "
+            "(`fastdata warm`), or keep the default shuffle (True), which walks row groups "
+            "and fetches each once",
             index.url,
         )
     return EpochOrder(len(index), config, epoch=epoch, shard_sizes=shard_sizes)

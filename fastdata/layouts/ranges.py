@@ -191,6 +191,8 @@ class SharedRanges:
             self.dropped += len(kept.rows)
         if self.keeping and self.dropped >= _MIN_DROPPED_TO_STOP and self.dropped > self.served:
             self.keeping = False
+            for rid in [r for r, k in self._ranges.items() if k.ready.is_set()]:
+                self._bytes -= self._ranges.pop(rid).nbytes
             logger.warning(
                 "%s: rows of fetched Parquet row groups are dropped unread faster than they are "
                 "read (%d dropped, %d read), so this process stops keeping them and a row "
