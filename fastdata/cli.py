@@ -288,8 +288,9 @@ class _Size(click.ParamType):  # type: ignore[type-arg]  # generic only in click
             self.fail(str(exc), param, ctx)
 
 
-_SHUFFLES: dict[str, Literal["global", "shard_window", "none"]] = {
-    "true": "global",
+_SHUFFLES: dict[str, Literal["auto", "global", "shard_window", "none"]] = {
+    "true": "auto",  # fastdata.Dataset's shuffle=True
+    "auto": "auto",
     "false": "none",
     "global": "global",
     "shard_window": "shard_window",
@@ -360,7 +361,7 @@ def _plan_options(command: _F) -> _F:
         click.option(
             "--shuffle",
             type=click.Choice(sorted(_SHUFFLES)),
-            help="The dataset's shuffle [default: global].",
+            help="The dataset's shuffle [default: auto, as Dataset(shuffle=True)].",
         ),
         click.option("--drop-last", is_flag=True, default=None, help="The DataLoader's drop_last."),
         click.option("--epochs", type=click.IntRange(1), help="Epochs to cover [default: 1]."),
@@ -417,7 +418,7 @@ def _node_plan(params: dict[str, Any]) -> Any:
     return NodePlan(
         batch_size=params["batch_size"],
         seed=params.get("seed") or 0,
-        shuffle=_SHUFFLES[params.get("shuffle") or "global"],
+        shuffle=_SHUFFLES[params.get("shuffle") or "auto"],
         drop_last=bool(params.get("drop_last")),
         epochs=params.get("epochs") or 1,
         first_epoch=params.get("first_epoch") or 0,

@@ -167,7 +167,9 @@ class Dataset(IterableDataset[Any]):
         cache_dir: Node cache directory (default ``$FASTDATA_CACHE_DIR`` or the user cache).
         cache_bytes: LMDB tier budget, bytes or a string like ``"200GiB"``.
         ram_bytes: RAM tier budget (0 turns it off).
-        shuffle: ``True`` (a fresh global shuffle every epoch), ``False``, or a mode:
+        shuffle: ``True`` (``"auto"``: a fresh shuffle every epoch; global, except over
+            Parquet, where row groups are shuffled and samples within a window of them,
+            so that a cold epoch fetches each row group once), ``False``, or a mode:
             ``"global"``, ``"shard_window"`` (shards in shuffled order, samples shuffled
             within a window: for cold streaming of tar/Parquet shards) or ``"none"``.
         seed: Base seed of the shuffle; every rank must use the same.
@@ -182,6 +184,8 @@ class Dataset(IterableDataset[Any]):
         batch_size: Samples gathered per background fetch when iterating single samples.
         config: Full settings; the arguments above override its fields.
         layout_options: Layout options (``labels=True`` for ImageFolder labels, ...).
+        window_samples: The shuffle window of ``"shard_window"`` and of the row-group walk
+            of ``shuffle=True`` over Parquet, in samples (docs/plan.md).
 
     Raises:
         ConfigError: A bad argument, or nothing to read at ``url``.
@@ -207,6 +211,7 @@ class Dataset(IterableDataset[Any]):
         batch_size: int = 64,
         config: FastdataConfig | None = None,
         layout_options: Mapping[str, Any] | None = None,
+        window_samples: int = PlanConfig.window_samples,
     ) -> None:
         super().__init__()
         if transform is not None and not callable(transform):
@@ -224,7 +229,9 @@ class Dataset(IterableDataset[Any]):
         """What this dataset is (shared with ``fastdata warm`` and the other tools)."""
         self.config = _merge_config(config, cache_dir, cache_bytes, ram_bytes)
         self.shuffle: ShuffleMode = _shuffle_mode(shuffle)
-        self.plan_config = PlanConfig(batch_size=batch_size, seed=seed, shuffle=self.shuffle)
+        self.plan_config = PlanConfig(
+            batch_size=batch_size, seed=seed, shuffle=self.shuffle, window_samples=window_samples
+        )
         self.fields = list(self.spec.fields) if self.spec.fields is not None else None
         self.transform = transform
         self.storage_options = dict(self.spec.storage_options)
@@ -444,14 +451,14 @@ def distributed_world() -> tuple[int, int]:
 
 def _shuffle_mode(shuffle: bool | str) -> ShuffleMode:
     if shuffle is True:
-        return "global"
+        return "auto"
     if shuffle is False:
         return "none"
-    if shuffle in ("global", "shard_window", "none"):
+    if shuffle in ("auto", "global", "shard_window", "none"):
         # The test above makes it a ShuffleMode; `in` on a tuple does not narrow for mypy.
         return shuffle  # type: ignore[return-value]
     raise ConfigError(
-        f"shuffle must be True, False, 'global', 'shard_window' or 'none', got {shuffle!r}"
+        f"shuffle must be True, False, 'auto', 'global', 'shard_window' or 'none', got {shuffle!r}"
     )
 
 

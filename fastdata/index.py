@@ -56,6 +56,7 @@ from fastdata.layouts import (
 )
 from fastdata.layouts.base import BuildResult, CompanionLayout, ObjectScan, UnitView, corrupt
 from fastdata.layouts.files import callable_identity
+from fastdata.layouts.ranges import SharedRanges
 from fastdata.layouts.table import SampleTable, TableVersions
 from fastdata.store import ByteRange, ObjectInfo, Store, glob_to_regex
 
@@ -194,6 +195,11 @@ class SampleIndex:
         self._prefix = np.frombuffer(self.dataset_id, dtype=np.uint8)
         self._recipe, self._salt = _key_words(self.store_identity, self.layout)
         self._shard_sizes: np.ndarray | None = None
+        self._range_starts: np.ndarray | None = None
+        # NOTE[shared-ranges]: rows of a fetched row group kept until they are read.
+        self._shared = (
+            SharedRanges(what=self.url) if getattr(self.layout, "shares_ranges", False) else None
+        )
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_reopen, (str(self._table.directory), self.storage_options))
@@ -301,6 +307,37 @@ class SampleIndex:
             self._shard_sizes = np.diff(np.concatenate(([0], boundaries, [len(objects)])))
         return self._shard_sizes
 
+    @property
+    def shares_ranges(self) -> bool:
+        """Whether rows share fetch ranges (Parquet row groups; NOTE[row-ranges])."""
+        return self._shared is not None
+
+    def _ranges(self) -> np.ndarray:
+        """The first sample id of every run of rows with one fetch range."""
+        if self._range_starts is None:
+            rows = self._table.rows
+            obj, offset = np.asarray(rows["obj"]), np.asarray(rows["offset"])
+            new = np.ones(len(obj), dtype=bool)
+            new[1:] = (obj[1:] != obj[:-1]) | (offset[1:] != offset[:-1])
+            self._range_starts = np.flatnonzero(new)
+        return self._range_starts
+
+    def mean_sample_bytes(self) -> int:
+        """Fetched bytes per sample on average (a shared range counted once)."""
+        if len(self) == 0:
+            return 0
+        lengths = self._table.rows["length"]
+        starts = self._ranges() if self._shared is not None else slice(None)
+        return int(np.asarray(lengths[starts]).sum()) // len(self)
+
+    def unit_sizes(self) -> np.ndarray:
+        """Samples per read unit in id order: per row group where rows share fetch ranges
+        (Parquet), else per source object. The shards the epoch plan walks
+        (``fastdata.spec.epoch_order``)."""
+        if self._shared is None:
+            return self.shard_sizes()
+        return np.diff(np.append(self._ranges(), len(self)))
+
     def describe(self, sample_id: int) -> str:
         """Where sample ``sample_id`` lives: ``object 'path' bytes [start, end)``."""
         row = self._table.rows[self._ids([sample_id])[0]]
@@ -329,6 +366,45 @@ class SampleIndex:
         ids = self._ids(sample_ids)
         if len(ids) == 0:
             return []
+        if self._shared is not None and self._shared.keeping:
+            out = self._read_shared(store, ids)
+        else:
+            out = self._read_units(store, ids)
+        extra = self.layout.index_fields(self._table.rows[ids]) if index_fields else {}
+        for name, values in extra.items():
+            for sample, value in zip(out, values.tolist(), strict=True):
+                if isinstance(sample, dict):
+                    sample[name] = value
+        return out
+
+    def _read_shared(self, store: Store, ids: np.ndarray) -> list[Sample]:
+        """Read through the kept rows of shared ranges (NOTE[shared-ranges])."""
+        assert self._shared is not None
+        starts = self._ranges()
+        distinct = np.unique(ids)
+        range_of = np.searchsorted(starts, distinct, side="right") - 1
+        lengths = self._table.rows["length"]
+
+        def fetch(rids: list[int]) -> dict[int, dict[int, tuple[Any, int]]]:
+            bounds = [
+                (int(starts[r]), int(starts[r + 1]) if r + 1 < len(starts) else len(self))
+                for r in rids
+            ]
+            every = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in bounds])
+            samples = self._read_units(store, every)
+            result: dict[int, dict[int, tuple[Any, int]]] = {}
+            pos = 0
+            for rid, (a, b) in zip(rids, bounds, strict=True):
+                share = int(lengths[a]) // max(1, b - a)
+                result[rid] = {a + i: (samples[pos + i], share) for i in range(b - a)}
+                pos += b - a
+            return result
+
+        got = self._shared.read(distinct.tolist(), range_of.tolist(), fetch)
+        return [got[i] for i in ids.tolist()]
+
+    def _read_units(self, store: Store, ids: np.ndarray) -> list[Sample]:
+        """Fetch the units of ``ids`` in one ``get_many`` and decode them, in id order."""
         rows = self._table.rows[ids]
         start, end = self.layout.fetch_spans(rows)
         unit_of, unit_obj, unit_start, unit_end = plan_units(rows["obj"], start, end)
@@ -353,11 +429,6 @@ class SampleIndex:
             unit = self._unit(span, req, raw, rows[members], ids[members])
             for i, sample in zip(members.tolist(), self.layout.decode_unit(unit), strict=True):
                 out[i] = sample
-        extra = self.layout.index_fields(rows) if index_fields else {}
-        for name, values in extra.items():
-            for got, value in zip(out, values.tolist(), strict=True):
-                if isinstance(got, dict):
-                    got[name] = value
         # The units partition the ids, so every slot was filled above.
         return out  # type: ignore[return-value]
 
@@ -667,7 +738,7 @@ def _save(versions: TableVersions, selection: _Selection, result: BuildResult) -
     meta = {
         "url": selection.url,
         "layout": selection.layout.name,
-        "layout_options": selection.layout.options(),
+        "layout_options": {**selection.layout.options(), **result.options},
         "pattern": selection.pattern,
         "dataset_id": selection.dataset_id.hex(),
         "store_identity": selection.identity,

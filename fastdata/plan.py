@@ -29,8 +29,8 @@ from fastdata.errors import ConfigError
 
 __all__ = ["EpochOrder", "EpochPlan", "PlanConfig", "PlanState", "ShuffleMode"]
 
-ShuffleMode = Literal["global", "shard_window", "none"]
-_SHUFFLE_MODES: tuple[str, ...] = ("global", "shard_window", "none")
+ShuffleMode = Literal["auto", "global", "shard_window", "none"]
+_SHUFFLE_MODES: tuple[str, ...] = ("auto", "global", "shard_window", "none")
 
 #: Bumped whenever the order a given (seed, epoch, ...) produces changes, so that a
 #: checkpoint made by another version is refused instead of resumed onto a different order.
@@ -86,7 +86,10 @@ class PlanConfig:
     """``global``: a keyed permutation of all samples, different every epoch (the default,
     cheap once samples are cached); ``shard_window``: shards in shuffled order, samples
     shuffled within windows of ``window_samples`` consecutive samples of that shard walk
-    (for cold streaming of tar/Parquet shards); ``none``: sample id order."""
+    (for cold streaming of tar/Parquet shards); ``auto``: ``shard_window`` when the order
+    is given shard sizes, else ``global`` (``fastdata.Dataset``'s ``shuffle=True``:
+    ``fastdata.spec.epoch_order`` gives the row groups of a Parquet source as shards,
+    nothing for other layouts); ``none``: sample id order."""
     drop_last: bool = False
     """Drop the final partial global step; when ``False`` it is split across ranks as
     evenly as possible (see ``docs/plan.md``: fewer than ``world_size`` leftover samples
@@ -183,8 +186,9 @@ class EpochOrder:
         config: The plan settings.
         epoch: The epoch number (0-based).
         shard_sizes: Samples per shard in id order (shard ``k`` holds the next
-            ``shard_sizes[k]`` ids); required by ``shuffle="shard_window"``, unused
-            otherwise. They must add up to ``num_samples``.
+            ``shard_sizes[k]`` ids); required by ``shuffle="shard_window"``; with
+            ``"auto"`` they select the shard walk; unused otherwise. They must add up
+            to ``num_samples``.
 
     Raises:
         ConfigError: An argument is out of range, or ``shard_sizes`` is missing or does
@@ -206,7 +210,10 @@ class EpochOrder:
         self.config = config
         self._keys = _round_keys(config.seed, self.epoch, _STREAM_SAMPLES)
         self._shards: _ShardWalk | None = None
-        if config.shuffle == "shard_window":
+        walks = config.shuffle == "shard_window" or (
+            config.shuffle == "auto" and shard_sizes is not None
+        )
+        if walks:
             if shard_sizes is None:
                 raise ConfigError(
                     'shuffle="shard_window" needs shard_sizes (samples per shard in id '

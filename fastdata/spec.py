@@ -9,9 +9,10 @@ entry points can disagree about which saved index, which cache keys (NOTE[cache-
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,7 +22,9 @@ from fastdata.index import SampleIndex, normalize_url, open_index
 from fastdata.plan import EpochOrder, PlanConfig
 from fastdata.store import Store
 
-__all__ = ["Consistency", "DatasetSpec", "epoch_order"]
+__all__ = ["WALK_WINDOW_BYTES", "Consistency", "DatasetSpec", "epoch_order"]
+
+logger = logging.getLogger(__name__)
 
 Consistency = Literal["validate", "immutable"]
 _CONSISTENCY = ("validate", "immutable")
@@ -125,7 +128,40 @@ class DatasetSpec:
         return " ".join(parts)
 
 
+WALK_WINDOW_BYTES = 512 * 1024**2
+"""With ``shuffle="auto"`` over row groups, the window holds about this many bytes at
+most (``window_samples`` is lowered to fit), so that the rows kept while a window is read
+(NOTE[shared-ranges]) fit the index's budget of ``SHARED_RANGE_BYTES``."""
+
+_warned_global: set[str] = set()
+
+
 def epoch_order(index: SampleIndex, config: PlanConfig, epoch: int) -> EpochOrder:
-    """The canonical global order of ``epoch``: the same on every rank, worker and tool."""
-    shard_sizes = index.shard_sizes() if config.shuffle == "shard_window" else None
+    """The canonical global order of ``epoch``: the same on every rank, worker and tool.
+
+    NOTE[row-group-walk]: where rows share fetch ranges (Parquet row groups), the shards
+    of ``shuffle="shard_window"`` and of ``"auto"`` (the default of ``fastdata.Dataset``)
+    are the row groups, not the files: row groups in a shuffled order, samples shuffled
+    within windows of ``window_samples`` (for ``auto`` at most ``WALK_WINDOW_BYTES`` of
+    data). A cold epoch then fetches each row group once (docs/plan.md, "Row-group walk").
+    Everything here is a function of the saved index, so every rank agrees.
+    """
+    shard_sizes = None
+    if config.shuffle == "shard_window":
+        shard_sizes = index.unit_sizes()
+    elif config.shuffle == "auto" and index.shares_ranges:
+        shard_sizes = index.unit_sizes()
+        fits = max(1, WALK_WINDOW_BYTES // max(1, index.mean_sample_bytes()))
+        if fits < config.window_samples:
+            config = replace(config, window_samples=fits)
+    elif config.shuffle == "global" and index.shares_ranges and index.url not in _warned_global:
+        _warned_global.add(index.url)
+        logger.warning(
+            "%s: shuffle='global' over Parquet row groups: while the cache is cold, nearly "
+            "every batch needs its own row groups, so an epoch larger than the rows a "
+            "process keeps (1 GiB) fetches them many times over. Warm the cache first "
+            "(`fastdata warm`), or keep the default shuffle (True), which walks row groups "
+            "and fetches each once",
+            index.url,
+        )
     return EpochOrder(len(index), config, epoch=epoch, shard_sizes=shard_sizes)

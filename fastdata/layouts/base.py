@@ -11,6 +11,10 @@ NOTE[row-ranges]: within one object, the fetch ranges ``[offset, offset + length
 two rows are either identical (Parquet rows of one row group) or disjoint (every other
 layout). The index relies on this when it merges the ranges of a batch into fetch units:
 after sorting by start, a unit ends where the next range starts past the current end.
+A layout whose rows share ranges says so with a class attribute ``shares_ranges = True``
+(read with ``getattr(layout, "shares_ranges", False)``): the index then keeps the rows of a
+fetched range that a call did not ask for until they are asked for (NOTE[shared-ranges] in
+``fastdata/index.py``), and the epoch plan walks such ranges as its shards.
 """
 
 from __future__ import annotations
@@ -104,6 +108,9 @@ class BuildResult:
     """One entry per object, or ``None`` when the layout keeps nothing per object."""
     meta: dict[str, Any] = field(default_factory=dict)
     """JSON-able facts saved with the index (the ImageFolder class names)."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Layout options the build derived from the data (Parquet's ``nulls``): saved with
+    the index's layout options, so the layout that reads the samples is built with them."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,13 +7,17 @@ chosen columns in its row group: reading a batch fetches each touched row group 
 with a ranged request, never the whole file, and pyarrow decodes the row group from
 that span (through a file object that serves only the fetched bytes).
 
-Fields: the chosen columns. Numeric and boolean columns give numpy scalars; temporal
-columns give ``np.int64`` ticks of the column's own unit (``_temporal_ticks``: timestamps
-since the Unix epoch in UTC, dates in days since it, times since midnight, durations as
-they are), because the record format has no datetime type; ``string`` gives ``str``;
-``binary`` gives ``bytes``; lists of numbers give 1-D numpy arrays, fixed-size lists too.
-Nulls and other types (intervals, structs, maps, nested lists) raise ``ConfigError``
-naming the column, so choose ``fields`` without them.
+Fields (``_parquet_schema``): one per column, one per leaf of a struct column
+(``meta.a``), the encoded bytes of a Hugging Face ``Image()``/``Audio()`` column, and a
+``<field>.valid`` mask for a field with nulls. Numeric and boolean columns give numpy
+scalars; temporal columns give ``np.int64`` ticks of the column's own unit
+(``_temporal_ticks``: timestamps since the Unix epoch in UTC, dates in days since it,
+times since midnight, durations as they are), because the record format has no datetime
+type; ``string`` gives ``str``; ``binary`` gives ``bytes``; lists of numbers give 1-D
+numpy arrays, fixed-size lists too. The index checks the schema of every file when it is
+built (``_parquet_schema.check_dataset``): a missing column, a type that cannot be read
+(intervals, maps, nested lists) or a type that differs between files is a
+``ConfigError`` naming the column and the files.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fastdata.errors import ConfigError
+from fastdata.layouts import _parquet_schema as schemas
+from fastdata.layouts._parquet_schema import VALID_SUFFIX, Output
 from fastdata.layouts.base import (
     BuildResult,
     ObjectScan,
@@ -54,16 +60,6 @@ _MAGIC = b"PAR1"
 _MIN_SIZE = 12  # "PAR1" + footer length + "PAR1"
 _METADATA_CACHE_LIMIT = 256
 _MAX_GROUP_ROWS = 2**32 - 1  # a row's place in its group is a u32 in the index
-
-
-def _leaf_count(kind: pa.DataType) -> int:
-    if pa.types.is_struct(kind):
-        return sum(_leaf_count(kind.field(i).type) for i in range(kind.num_fields))
-    if pa.types.is_map(kind):
-        return _leaf_count(kind.key_type) + _leaf_count(kind.item_type)
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-        return _leaf_count(kind.value_type)
-    return 1
 
 
 class _RangeFile(io.RawIOBase):
@@ -112,8 +108,10 @@ class _FileMeta:
     """Fetch span of each row group (``None`` for an empty one)."""
     group_at: dict[int, int]
     """Row-group index by the start of its fetch span."""
-    names: list[str]
-    """Top-level column names."""
+    outputs: list[Output]
+    """The chosen fields, in schema order."""
+    columns: list[str]
+    """The column paths pyarrow reads for them."""
 
 
 class _MetaCache:
@@ -139,15 +137,30 @@ class ParquetLayout:
     """Rows of Parquet files.
 
     Args:
-        fields: Top-level columns to read; ``None`` reads every column.
+        fields: Fields to read (``_parquet_schema``): column names, struct leaves
+            (``meta.a``), struct prefixes, ``<field>.valid`` masks; ``None`` reads every
+            column, with the masks of the fields that have nulls.
+        nulls: The fields that carry a ``.valid`` mask. The index sets it from the
+            footers of every file when it builds the sample table (NOTE[parquet-nulls]);
+            leave it ``None``.
     """
 
     name: ClassVar[str] = "parquet"
     default_pattern: ClassVar[str] = "**/*.parquet"
     fields: tuple[str, ...] | None = None
+    nulls: tuple[str, ...] | None = None
     _parsed: _MetaCache = field(default_factory=_MetaCache, compare=False, repr=False)
 
     aux_is_content: ClassVar[bool] = True
+    shares_ranges: ClassVar[bool] = True
+    """The rows of a row group share one fetch range (NOTE[row-ranges])."""
+
+    def __post_init__(self) -> None:
+        nulls = self.nulls
+        if nulls is not None:
+            if isinstance(nulls, str) or not all(isinstance(n, str) for n in nulls):
+                raise ConfigError(f"nulls must be a list of field names, got {nulls!r}")
+            object.__setattr__(self, "nulls", tuple(nulls))
 
     def record_options(self) -> dict[str, Any]:
         """Every setting: each one changes what a record holds."""
@@ -159,14 +172,48 @@ class ParquetLayout:
 
     def options(self) -> dict[str, Any]:
         """The settings that shape the samples (part of the dataset id)."""
-        return {"fields": list(self.fields) if self.fields is not None else None}
+        found: dict[str, Any] = {"fields": list(self.fields) if self.fields is not None else None}
+        if self.nulls is not None:
+            found["nulls"] = list(self.nulls)
+        return found
 
     def build(
         self, store: Store, objects: Sequence[ObjectInfo], previous: PreviousScans | None
     ) -> BuildResult:
-        """Fetch every footer and turn row groups into rows."""
-        scans = scan_with_reuse(objects, previous, lambda batch: self._scan(store, batch))
-        return BuildResult(rows=concat_scans(scans), extras=[s.extra for s in scans])
+        """Fetch every footer, check every file's schema and turn row groups into rows.
+
+        NOTE[parquet-nulls]: which fields carry a ``.valid`` mask is decided here, from
+        the null counts in the footers of all files, and saved as the layout's ``nulls``
+        option with the index (``BuildResult.options``). So every record of the dataset
+        has the same fields, and a new file with nulls in a column that had none changes
+        ``record_options`` and with it every cache key: old records without the mask are
+        never mixed with new ones.
+
+        Raises:
+            ConfigError: A chosen column is missing from some files, unreadable, of
+                different types in different files, or has nulls without its mask
+                (``_parquet_schema.check_dataset``).
+        """
+        footers = scan_with_reuse(objects, previous, lambda batch: self._scan(store, batch))
+        metadata = [
+            _read_footer(info.path, info.size, scan.extra)
+            for info, scan in zip(objects, footers, strict=True)
+        ]
+        nulls = schemas.check_dataset(
+            [info.path for info in objects],
+            [schemas.file_schema(m.schema.to_arrow_schema()) for m in metadata],
+            metadata,
+            self.fields,
+        )
+        # Rows only now: their spans are those of the checked fields.
+        scans = [
+            self._scan_footer(info, scan.extra, meta)
+            for info, scan, meta in zip(objects, footers, metadata, strict=True)
+        ]
+        chosen = sorted(set(nulls) | set(self.nulls or ()))
+        return BuildResult(
+            rows=concat_scans(scans), extras=[s.extra for s in scans], options={"nulls": chosen}
+        )
 
     def _scan(self, store: Store, infos: Sequence[ObjectInfo]) -> list[ObjectScan]:
         for info in infos:
@@ -194,13 +241,11 @@ class ParquetLayout:
             for i, buf in zip(missing, store.get_many(requests), strict=True):
                 footers[i] = bytes(memoryview(buf).cast("B"))
         return [
-            self._scan_footer(info, _MAGIC + footer)
-            for info, footer in zip(infos, footers, strict=True)
-            if footer is not None
+            ObjectScan(empty_rows(), _MAGIC + footer) for footer in footers if footer is not None
         ]
 
-    def _scan_footer(self, info: ObjectInfo, extra: bytes) -> ObjectScan:
-        meta = self._parse(info.path, info.size, extra)
+    def _scan_footer(self, info: ObjectInfo, extra: bytes, metadata: pq.FileMetaData) -> ObjectScan:
+        meta = self._parse(info.path, info.size, extra, metadata)
         rows = []
         for group, span in enumerate(meta.spans):
             if span is None:
@@ -213,14 +258,21 @@ class ParquetLayout:
             rows.append(part)
         return ObjectScan(np.concatenate(rows) if rows else empty_rows(), extra)
 
-    def _parse(self, path: str, size: int, extra: bytes) -> _FileMeta:
+    def _parse(
+        self, path: str, size: int, extra: bytes, metadata: pq.FileMetaData | None = None
+    ) -> _FileMeta:
         data_end = size - len(extra) + len(_MAGIC)  # where the footer starts
-        try:
-            metadata = pq.read_metadata(pa.BufferReader(extra))
-            schema = metadata.schema.to_arrow_schema()
-        except (pa.ArrowException, OSError, ValueError) as exc:
-            raise corrupt(path, data_end, f"unreadable Parquet footer ({exc})") from exc
-        leaves = self._leaves(schema, path)
+        if metadata is None:
+            metadata = _read_footer(path, size, extra)
+        outputs, missing, _ = schemas.select(
+            schemas.file_schema(metadata.schema.to_arrow_schema()), self.fields
+        )
+        if missing:
+            raise ConfigError(
+                f"column(s) {missing} not in Parquet object {path!r} (or not readable); "
+                f"its fields are {[o.name for o in outputs]}"
+            )
+        leaves = sorted({leaf for o in outputs for leaf in o.leaves})
         counts = [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
         if sum(counts) != metadata.num_rows or not all(0 <= c <= _MAX_GROUP_ROWS for c in counts):
             raise corrupt(
@@ -231,24 +283,8 @@ class ParquetLayout:
             rg = metadata.row_group(group)
             spans.append(_group_span(rg, group, leaves, path, data_end) if count else None)
         group_at = {span[0]: group for group, span in enumerate(spans) if span is not None}
-        return _FileMeta(metadata, spans, group_at, schema.names)
-
-    def _leaves(self, schema: pa.Schema, path: str) -> list[int]:
-        names = schema.names
-        wanted = names if self.fields is None else list(self.fields)
-        missing = [f for f in wanted if f not in names]
-        if missing:
-            raise ConfigError(
-                f"column(s) {missing} not in Parquet object {path!r}; its columns are {names}"
-            )
-        leaves: list[int] = []
-        first = 0
-        for name, kind in zip(names, schema.types, strict=True):
-            count = _leaf_count(kind)
-            if name in wanted:
-                leaves.extend(range(first, first + count))
-            first += count
-        return leaves
+        columns = list(dict.fromkeys(o.column for o in outputs))
+        return _FileMeta(metadata, spans, group_at, outputs, columns)
 
     def _meta(self, unit: UnitView) -> _FileMeta:
         found = self._parsed.get(unit.object_key)
@@ -276,11 +312,11 @@ class ParquetLayout:
             if group is None:
                 raise corrupt(unit.path, start, "no row group starts here", sample_id=first_id)
             try:
-                table = reader.read_row_group(group, columns=self._columns(meta))
+                table = reader.read_row_group(group, columns=meta.columns)
                 table = table.take(
                     pa.array(unit.rows["aux"][picked].astype(np.int64), type=pa.int64())
                 )
-                samples = _samples(table, unit.path, group)
+                samples = self._samples(table, meta.outputs, unit.path, group)
             except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
                 raise corrupt(
                     unit.path, start, f"row group {group} is unreadable ({exc})", sample_id=first_id
@@ -289,8 +325,26 @@ class ParquetLayout:
                 out[i] = sample
         return [s for s in out if s is not None]
 
-    def _columns(self, meta: _FileMeta) -> list[str]:
-        return list(self.fields) if self.fields is not None else meta.names
+    def _samples(
+        self, table: pa.Table, outputs: list[Output], path: str, group: int
+    ) -> list[dict[str, Any]]:
+        masked = set(self.nulls or ())
+        columns: dict[str, list[Any]] = {}
+        for output in outputs:
+            array = _leaf_array(table, output)
+            if array.null_count and output.name not in masked:
+                raise corrupt(
+                    path,
+                    0,
+                    f"column {output.name!r} has nulls in row group {group} although the "
+                    "footers said none when the index was built",
+                )
+            if output.name in masked:
+                valid = np.asarray(array.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+                columns[output.name + VALID_SUFFIX] = list(valid)
+            columns[output.name] = _values(array, output.name, path, group)
+        names = sorted(columns)
+        return [{name: columns[name][i] for name in names} for i in range(table.num_rows)]
 
     def estimate_bytes(self, rows: np.ndarray) -> np.ndarray:
         """The row group's span shared evenly by its rows."""
@@ -319,12 +373,43 @@ def _group_span(
     return start, end
 
 
-def _samples(table: pa.Table, path: str, group: int) -> list[dict[str, Any]]:
-    columns = {
-        name: _values(table.column(name).combine_chunks(), name, path, group)
-        for name in table.column_names
-    }
-    return [{name: values[i] for name, values in columns.items()} for i in range(table.num_rows)]
+def _read_footer(path: str, size: int, extra: bytes) -> pq.FileMetaData:
+    try:
+        return pq.read_metadata(pa.BufferReader(extra))
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        data_end = size - len(extra) + len(_MAGIC)
+        raise corrupt(path, data_end, f"unreadable Parquet footer ({exc})") from exc
+
+
+def _leaf_array(table: pa.Table, output: Output) -> pa.Array[Any]:
+    """The values of ``output``: its column, then struct children down its path (a null
+    struct makes its children null: ``StructArray.flatten``)."""
+    array: pa.Array[Any] = table.column(output.path[0]).combine_chunks()
+    for name in output.path[1:]:
+        struct = cast("pa.StructArray", array)
+        index = struct.type.get_field_index(name)
+        array = struct.flatten()[index]
+    return array
+
+
+def _filled(array: pa.Array[Any]) -> pa.Array[Any]:
+    """``array`` with each null replaced by its type's sentinel (NOTE[parquet-nulls])."""
+    kind = array.type
+    if not array.null_count:
+        return array
+    if pa.types.is_floating(kind):
+        return array.fill_null(pa.scalar(float("nan"), type=kind))
+    if pa.types.is_boolean(kind):
+        return array.fill_null(False)
+    if pa.types.is_integer(kind):
+        return array.fill_null(pa.scalar(0, type=kind))
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return array.fill_null(pa.scalar("", type=kind))
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        return array.fill_null(pa.scalar(b"", type=kind))
+    if pa.types.is_fixed_size_binary(kind):
+        return array.fill_null(pa.scalar(bytes(kind.byte_width), type=kind))
+    return array  # temporal values and lists fill their own nulls
 
 
 def _values(array: pa.Array[Any], name: str, path: str, group: int) -> list[Any]:
@@ -332,11 +417,7 @@ def _values(array: pa.Array[Any], name: str, path: str, group: int) -> list[Any]
     if pa.types.is_dictionary(kind):
         array = cast("pa.DictionaryArray[Any, Any]", array).dictionary_decode()
         kind = array.type
-    if array.null_count:
-        raise ConfigError(
-            f"column {name!r} of {path!r} has nulls in row group {group}; samples cannot hold "
-            "nulls: choose other fields, or fill the nulls before training"
-        )
+    array = _filled(array)
     if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
         return list(array.to_numpy(zero_copy_only=False))
     if pa.types.is_temporal(kind) and not pa.types.is_interval(kind):
@@ -369,23 +450,49 @@ def _temporal_ticks(array: pa.Array[Any]) -> np.ndarray:
     with ``batch.view(f"datetime64[{unit}]")``.
     """
     storage = pa.int32() if array.type.bit_width == 32 else pa.int64()
-    return array.view(storage).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    ticks = array.view(storage).fill_null(0)  # a null is 0 ticks
+    return ticks.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
 def _list_values(array: _ListLike, name: str, path: str, group: int) -> list[Any]:
     inner = array.type.value_type
+    # A null list reads as an empty list (a fixed-size one as zeros): NOTE[parquet-nulls].
+    valid = None if not array.null_count else array.is_valid().to_numpy(zero_copy_only=False)
+    if pa.types.is_fixed_size_list(array.type):
+        size = array.type.list_size
+        child = array.values.slice(array.offset * size, len(array) * size)
+        if valid is not None and child.null_count:
+            present = child.is_valid().to_numpy(zero_copy_only=False).reshape(-1, size)
+            if not present[valid].all():
+                raise ConfigError(
+                    f"column {name!r} of {path!r} (row group {group}) is a list of {inner} "
+                    "with null elements; only lists of numbers become arrays"
+                )
+            child = _filled(child)  # the elements of null lists only
+        values = _list_child(child, inner, name, path, group).reshape(len(array), size)
+        if valid is not None:
+            values = values.copy()
+            values[~valid] = 0
+        return list(values)
+    listed = cast("pa.ListArray[Any] | pa.LargeListArray[Any]", array)
+    offsets = listed.offsets.to_numpy()
+    values = _list_child(listed.values, inner, name, path, group)
+    if valid is not None:
+        offsets = offsets.copy()
+        ends = offsets[1:]
+        ends[~valid] = offsets[:-1][~valid]  # an empty span for a null list
+    return [values[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
+
+
+def _list_child(
+    child: pa.Array[Any], inner: pa.DataType, name: str, path: str, group: int
+) -> np.ndarray:
     numeric = (
         pa.types.is_integer(inner) or pa.types.is_floating(inner) or pa.types.is_boolean(inner)
     )
-    flat = array.flatten()
-    if not numeric or flat.null_count:
+    if not numeric or child.null_count:
         raise ConfigError(
             f"column {name!r} of {path!r} (row group {group}) is a list of {inner}"
-            f"{' with nulls' if numeric else ''}; only lists of numbers become arrays"
+            f"{' with null elements' if numeric else ''}; only lists of numbers become arrays"
         )
-    values = flat.to_numpy(zero_copy_only=False)
-    if pa.types.is_fixed_size_list(array.type):
-        return list(values.reshape(len(array), array.type.list_size))
-    offsets = cast("pa.ListArray[Any] | pa.LargeListArray[Any]", array).offsets
-    starts = offsets.to_numpy() - offsets[0].as_py()
-    return [values[a:b] for a, b in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True)]
+    return np.asarray(child.to_numpy(zero_copy_only=False))

@@ -462,14 +462,19 @@ def test_parquet_temporal_columns_become_int64_ticks_of_their_unit(tmp_path: Pat
     assert batch["ts_us"].view("datetime64[us]").tolist() == [stamps[0], stamps[1]]
 
 
-def test_parquet_nulls_are_refused_with_the_column_named(tmp_path: Path) -> None:
+def test_parquet_nulls_are_carried_with_a_mask(tmp_path: Path) -> None:
+    """Nulls used to be refused at the first batch (issue 12): now a column with nulls
+    gives a ``.valid`` mask and a sentinel, decided from the footers at index time."""
     root = tmp_path / "nulls"
     root.mkdir()
     pq.write_table(pa.table({"a": [1, None, 3], "b": [1, 2, 3]}), root / "n.parquet")
     index = open_index(str(root), cache_dir=cache(tmp_path))
-    assert index.read_samples(Store(index.url), [0]) == [{"a": 1, "b": 1}]
-    with pytest.raises(ConfigError, match=r"column 'a' of 'n\.parquet' has nulls"):
-        index.read_samples(Store(index.url), [1])
+    assert index.read_samples(Store(index.url), [0, 1]) == [
+        {"a": 1, "a.valid": True, "b": 1},
+        {"a": 0, "a.valid": False, "b": 2},
+    ]
+    with pytest.raises(ConfigError, match=r"column 'a' has nulls .*'n\.parquet'.*'a\.valid'"):
+        open_index(str(root), fields=["a"], cache_dir=cache(tmp_path))
     only_b = open_index(str(root), fields=["b"], cache_dir=cache(tmp_path))
     assert only_b.read_samples(Store(index.url), [1]) == [{"b": 2}]
 

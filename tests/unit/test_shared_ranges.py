@@ -1,0 +1,112 @@
+"""NOTE[shared-ranges]: rows of a fetched range are kept until read, fetched once."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from fastdata.layouts.ranges import SharedRanges
+from fastdata.plan import EpochOrder, PlanConfig
+
+ROWS = 10  # rows per range; range r holds ids r*10 .. r*10+9
+
+
+class Fetcher:
+    def __init__(self, gate: threading.Event | None = None) -> None:
+        self.calls: list[list[int]] = []
+        self.gate = gate
+        self.entered = threading.Event()
+
+    def __call__(self, rids: list[int]) -> dict[int, dict[int, tuple[Any, int]]]:
+        self.calls.append(list(rids))
+        self.entered.set()
+        if self.gate is not None:
+            assert self.gate.wait(10)
+        return {r: {r * ROWS + i: ({"id": r * ROWS + i}, 100) for i in range(ROWS)} for r in rids}
+
+
+def read(memo: SharedRanges, ids: list[int], fetch: Fetcher) -> list[int]:
+    got = memo.read(ids, [i // ROWS for i in ids], fetch)
+    return [got[i]["id"] for i in ids]
+
+
+def test_each_range_is_fetched_once_and_forgotten_when_read() -> None:
+    memo, fetch = SharedRanges(), Fetcher()
+    order = np.random.default_rng(0).permutation(50).tolist()
+    for first in range(0, 50, 4):
+        batch = order[first : first + 4]
+        assert read(memo, batch, fetch) == batch
+    assert sorted(r for call in fetch.calls for r in call) == list(range(5))
+    # Every id not asked for by the call that fetched its range was served from the memo.
+    assert memo.served > 0
+    assert memo.dropped == 0
+    assert memo._ranges == {}
+    assert memo._bytes == 0
+
+
+def test_a_range_being_fetched_is_waited_for_not_fetched_again() -> None:
+    gate = threading.Event()
+    memo, fetch = SharedRanges(), Fetcher(gate)
+    results: list[list[int]] = []
+    first = threading.Thread(target=lambda: results.append(read(memo, [1, 2], fetch)))
+    first.start()
+    assert fetch.entered.wait(10)
+    second = threading.Thread(target=lambda: results.append(read(memo, [3, 4], fetch)))
+    second.start()
+    gate.set()
+    first.join(10)
+    second.join(10)
+    assert sorted(results) == [[1, 2], [3, 4]]
+    assert fetch.calls == [[0]]
+
+
+def test_over_budget_ranges_are_dropped_and_keeping_stops_when_it_does_not_pay() -> None:
+    memo, fetch = SharedRanges(budget=3 * ROWS * 400), Fetcher()
+    for r in range(40):  # one row of each range: a random order over many ranges
+        read(memo, [r * ROWS], fetch)
+    assert memo.dropped >= 64
+    assert not memo.keeping
+    assert memo._bytes <= memo.budget
+    calls = len(fetch.calls)
+    assert read(memo, [5 * ROWS + 1], fetch) == [51]  # still read, just not kept
+    assert len(fetch.calls) == calls + 1
+    assert memo._ranges == {}
+
+
+def test_a_failed_fetch_releases_its_claim() -> None:
+    memo = SharedRanges()
+
+    def broken(rids: list[int]) -> dict[int, dict[int, tuple[Any, int]]]:
+        raise OSError("store down")
+
+    try:
+        memo.read([1], [0], broken)
+    except OSError:
+        pass
+    fetch = Fetcher()
+    assert read(memo, [1], fetch) == [1]
+    assert fetch.calls == [[0]]
+
+
+def test_auto_walks_the_given_units_and_is_global_without_them() -> None:
+    cfg = PlanConfig(shuffle="auto", window_samples=20, seed=3)
+    sizes = [10] * 10
+    walk = EpochOrder(100, cfg, epoch=0, shard_sizes=sizes)
+    same = EpochOrder(
+        100,
+        PlanConfig(shuffle="shard_window", window_samples=20, seed=3),
+        epoch=0,
+        shard_sizes=sizes,
+    )
+    assert walk.ids().tolist() == same.ids().tolist()
+    assert sorted(walk.ids().tolist()) == list(range(100))
+    glob = EpochOrder(100, cfg, epoch=0)
+    assert (
+        glob.ids().tolist()
+        == EpochOrder(100, PlanConfig(shuffle="global", seed=3), epoch=0).ids().tolist()
+    )
+    # A window of 20 positions touches at most 3 units of 10.
+    units = walk.ids() // 10
+    assert max(len(set(units[w : w + 20].tolist())) for w in range(0, 100, 20)) <= 3
