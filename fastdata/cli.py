@@ -679,7 +679,7 @@ def doctor_command(url: str, **params: Any) -> None:
     as_json = params.pop("as_json")
     spec, config = _dataset_cfg(url, params)
     # Only a directory that cannot exist: a read-only one may hold a warm cache to read.
-    _check_cache_dir(config, write=False, needs="doctor cannot save the index in it")
+    _check_cache_dir(config, write=True, needs="doctor measures the disk of the cache in it")
     report = doctor(spec, config=config, plan=plan, options=options)
     if as_json:
         _print_json(report.as_dict())

@@ -61,7 +61,6 @@ from fastdata.layouts.table import SampleTable, TableVersions
 from fastdata.store import ByteRange, ObjectInfo, Store, glob_to_regex
 
 __all__ = [
-    "CacheDirWarning",
     "DatasetChangedWarning",
     "IndexSource",
     "SampleIndex",
@@ -86,10 +85,6 @@ _MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(
 
 class DatasetChangedWarning(UserWarning):
     """The dataset changed since its index was built (``consistency="validate"``)."""
-
-
-class CacheDirWarning(UserWarning):
-    """The cache directory cannot be written: fastdata works on, without saving there."""
 
 
 def normalize_url(url: str) -> str:
@@ -958,7 +953,6 @@ def _writable(versions: TableVersions, request: _Request) -> Iterator[tuple[Tabl
             "again. Point FASTDATA_CACHE_DIR (cache_dir=) at a writable directory"
         )
         logger.warning(message)
-        warnings.warn(message, CacheDirWarning, stacklevel=4)
     scratch = Path(tempfile.mkdtemp(prefix="fastdata-index-")) / "index"
     scratch.mkdir()
     yield TableVersions(scratch), False

@@ -331,7 +331,9 @@ def test_reading_through_the_cache_registers_the_dataset_under_its_url(
     with ReadThroughCache([tier], source, config=config) as chain:
         chain.get_many([0, 1]).close()
         (info,) = tier.datasets()
-    assert (info.dataset_id, info.name, info.num_samples) == (index.dataset_id, index.url, 15)
+    assert (info.dataset_id, info.num_samples) == (index.dataset_id, 15)
+    # The name says which server too (NOTE[cache-keys]): "<url> @ <store identity>".
+    assert info.name == f"{index.url} @ {index.store_identity}"
 
 
 def _open_in_child(url: str, cache_dir: str, queue: Any) -> None:
