@@ -307,9 +307,13 @@ class DataLoader:
         self._picklable: bool | None = None
         self._prefetcher: Any = None
         self._reset_timing()
-        if num_workers > 0 and multiprocessing_context is None and _workers.fork_hazard():
-            if self._workers_picklable():
-                _workers.warm_forkserver()  # NOTE[worker-start]: import while the script runs
+        if (
+            num_workers > 0
+            and multiprocessing_context is None
+            and _workers.fork_hazard()
+            and self._workers_picklable()
+        ):
+            _workers.warm_forkserver()  # NOTE[worker-start]: import while the script runs
         if metrics_port is not None:
             self._metrics_server = _serve_metrics(self, metrics_port)
 
