@@ -14,6 +14,14 @@ is :meth:`EpochPlan.cursor_after` of ``steps``: the number of positions of the e
 global order consumed by all ranks together. It does not depend on world size, workers
 or batch size, so ``load_state_dict()`` in a job of another shape continues the same
 epoch at exactly the next sample. A batch counts as consumed when it is handed out.
+
+NOTE[loader-epochs]: ``iter(loader)`` starts the next epoch only once the previous one was
+consumed or abandoned (``end_epoch()``, ``set_epoch()``, ``close()``, or a new ``iter()``
+while an unfinished iterator is still referenced). An iterator dropped early (``break``,
+``islice``, a peek with ``next(iter(loader))``) leaves its epoch to be continued by the
+next ``iter()``, so ``state_dict()`` (where the next ``iter()`` starts) is always where the
+live loader continues. Worker processes learn each iteration's ``(epoch, cursor)`` from
+shared memory written before torch asks them for it (docs/loader.md).
 """
 
 from __future__ import annotations
@@ -74,9 +82,10 @@ class LoaderStats:
     queue_depth: float
     """Mean batches ready in the prefetcher when one was taken (threads only)."""
     cache: dict[str, Any] | None
-    """``ReadThroughCache.stats().as_dict()`` of this process (threads only)."""
+    """``ReadThroughCache.stats().as_dict()`` of this process, or with worker processes
+    their counters added up (NOTE[worker-stats])."""
     store: dict[str, Any] | None
-    """``Store.stats()`` of this process (threads only): requests, bytes, retries."""
+    """``Store.stats()`` of this process (or the workers' added up): requests, bytes."""
     dropped_samples: int
     """Samples of the epoch no rank reads (the documented tail, see docs/plan.md)."""
 
@@ -167,9 +176,11 @@ class DataLoader:
     dataset's setting; ``generator`` seeds the shuffle; ``sampler`` and
     ``batch_sampler`` are refused (the epoch plan decides the order);
     ``timeout``, ``worker_init_fn``, ``multiprocessing_context``, ``prefetch_factor``,
-    ``persistent_workers`` and ``in_order`` apply to worker processes (the default start
-    method is ``forkserver`` when the dataset, transform and callables pickle, else
-    torch's default). A batch is a dict
+    ``persistent_workers`` and ``in_order`` apply to worker processes, which start once
+    per loader (``persistent_workers=None`` means ``True`` here) with ``fork`` where that is
+    safe and a preloaded ``forkserver`` otherwise (NOTE[worker-start]), and exit with
+    the training process (NOTE[worker-death]). An epoch left early is continued by the next
+    ``iter()`` (NOTE[loader-epochs]). A batch is a dict
     ``field -> Tensor`` (fixed shapes stacked) or ``VarTensor`` (variable-length), plus
     ``"__id__"``; with ``collate_fn`` or a dataset ``transform``, whatever ``collate_fn``
     returns for the list of samples.
