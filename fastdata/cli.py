@@ -749,6 +749,11 @@ def clear_command(dataset: str | None, cache_dir: str | None, yes: bool, as_json
 @click.option(
     "--epochs", type=click.IntRange(min=1), help="Epochs per throughput pass; cold reads one [1]."
 )
+@click.option(
+    "--workers",
+    type=click.IntRange(0, 64),
+    help="Also compare DataLoader(num_workers=N) with threads, per-sample transform [0: off].",
+)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write JSON here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG plot here.")
 @click.option("--quick", is_flag=True, help="CI size: a few seconds of measuring.")

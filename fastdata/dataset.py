@@ -24,6 +24,7 @@ those handles) and opens its own, lazily. ``__getstate__`` never carries it.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import os
@@ -47,7 +48,7 @@ from fastdata.prefetch import BufferPool, Prefetcher
 from fastdata.spec import DatasetSpec, epoch_order
 from fastdata.store import Store
 
-__all__ = ["Batch", "Dataset", "VarTensor", "split_batch"]
+__all__ = ["Batch", "Dataset", "VarTensor", "close_open_datasets", "split_batch"]
 
 logger = logging.getLogger(__name__)
 
@@ -104,8 +105,9 @@ def _to_torch(value: Any) -> Any:
 def split_batch(batch: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Split a gathered batch into per-sample dicts (views where the field is a tensor).
 
-    Variable-length bytes fields become ``bytes``, str fields ``str``, and
-    variable-shape arrays 1-D tensors (flattened).
+    Variable-length bytes fields become ``bytes``, str fields ``str``, scalar int and
+    bool fields (labels) Python ``int``/``bool``, and variable-shape arrays 1-D tensors
+    (flattened).
 
     Args:
         batch: A batch from :meth:`Dataset.fetch_batch`.
@@ -127,6 +129,10 @@ def split_batch(batch: Mapping[str, Any]) -> list[dict[str, Any]]:
             else:
                 for i, sample in enumerate(samples):
                     sample[name] = value.item(i)
+        elif value.ndim == 1 and not value.is_floating_point() and not value.is_complex():
+            # Scalar ints (labels) as Python ints, as a map-style dataset would give them.
+            for sample, item in zip(samples, value.tolist(), strict=True):
+                sample[name] = item
         else:
             for i in range(count):
                 samples[i][name] = value[i]
@@ -269,10 +275,14 @@ class Dataset(IterableDataset[Any]):
             runtime = self._runtime
             if runtime is None or runtime.pid != os.getpid():
                 runtime = self._runtime = _Runtime(self)
+                _OPEN.add(self)
             return runtime
 
     def close(self) -> None:
-        """Stop this process's prefetchers and close its handles; the next use opens new ones."""
+        """Stop this process's prefetchers and close its handles; the next use opens new ones.
+
+        Handles still open when the process exits are closed then (NOTE[dataset-exit]).
+        """
         for prefetcher in list(self._prefetchers):
             prefetcher.close()
         with self._runtime_lock:
@@ -282,6 +292,22 @@ class Dataset(IterableDataset[Any]):
 
     def __enter__(self) -> Dataset:
         return self
+
+    def __getitem__(self, sample_id: int) -> Any:
+        """One sample by id, read through the cache (the ``transform`` applied).
+
+        Raises:
+            ConfigError: ``sample_id`` is not an int.
+            IndexError: ``sample_id`` is outside ``-len(self) .. len(self) - 1``.
+        """
+        if isinstance(sample_id, bool) or not isinstance(sample_id, int | np.integer):
+            raise ConfigError(f"a sample id is an int, got {sample_id!r}")
+        size = len(self)
+        index = int(sample_id) + size if sample_id < 0 else int(sample_id)
+        if not 0 <= index < size:
+            raise IndexError(f"sample id {sample_id} is outside 0..{size - 1} of {self!r}")
+        sample = split_batch(self.fetch_batch(np.array([index], dtype=np.int64)))[0]
+        return self.transform(sample) if self.transform is not None else sample
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -427,6 +453,30 @@ class Dataset(IterableDataset[Any]):
         ) as sample_lists:
             for samples in sample_lists:
                 yield from samples
+
+
+_OPEN: weakref.WeakSet[Dataset] = weakref.WeakSet()
+
+
+def close_open_datasets() -> None:
+    """Close every dataset whose handles this process opened (NOTE[dataset-exit]).
+
+    NOTE[dataset-exit]: a job that never calls ``close()`` still saves its LMDB node
+    counters (``fastdata stats``) and gives back its reader slots: this runs at
+    interpreter exit (``atexit``), and in DataLoader worker processes, which leave
+    without ``atexit``, from the loader's worker exit hooks (NOTE[worker-death]).
+    """
+    pid = os.getpid()
+    for dataset in list(_OPEN):
+        runtime = dataset._runtime
+        if runtime is not None and runtime.pid == pid:
+            try:
+                dataset.close()
+            except Exception as exc:  # at exit: report and go on with the others
+                logger.warning("closing %r at exit failed: %s", dataset, exc)
+
+
+atexit.register(close_open_datasets)
 
 
 def _grouped(batches: Iterator[np.ndarray], group: int) -> Iterator[np.ndarray]:

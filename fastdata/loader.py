@@ -14,13 +14,23 @@ is :meth:`EpochPlan.cursor_after` of ``steps``: the number of positions of the e
 global order consumed by all ranks together. It does not depend on world size, workers
 or batch size, so ``load_state_dict()`` in a job of another shape continues the same
 epoch at exactly the next sample. A batch counts as consumed when it is handed out.
+
+NOTE[loader-epochs]: ``iter(loader)`` starts the next epoch only once the previous one was
+consumed or abandoned (``end_epoch()``, ``set_epoch()``, ``close()``, or a new ``iter()``
+while an unfinished iterator is still referenced). An iterator dropped early (``break``,
+``islice``, a peek with ``next(iter(loader))``) leaves its epoch to be continued by the
+next ``iter()``, so ``state_dict()`` (where the next ``iter()`` starts) is always where the
+live loader continues. Worker processes learn each iteration's ``(epoch, cursor)`` from
+shared memory written before torch asks them for it (docs/loader.md).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
-import multiprocessing
-import pickle
+import multiprocessing.context
+import multiprocessing.util
+import os
 import time
 import warnings
 import weakref
@@ -32,7 +42,8 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from fastdata.dataset import Dataset, VarTensor, distributed_world
+from fastdata import _workers
+from fastdata.dataset import Dataset, VarTensor, close_open_datasets, distributed_world
 from fastdata.errors import ConfigError
 from fastdata.plan import EpochPlan, PlanConfig, PlanState
 
@@ -71,9 +82,10 @@ class LoaderStats:
     queue_depth: float
     """Mean batches ready in the prefetcher when one was taken (threads only)."""
     cache: dict[str, Any] | None
-    """``ReadThroughCache.stats().as_dict()`` of this process (threads only)."""
+    """``ReadThroughCache.stats().as_dict()`` of this process, or with worker processes
+    their counters added up (NOTE[worker-stats])."""
     store: dict[str, Any] | None
-    """``Store.stats()`` of this process (threads only): requests, bytes, retries."""
+    """``Store.stats()`` of this process (or the workers' added up): requests, bytes."""
     dropped_samples: int
     """Samples of the epoch no rank reads (the documented tail, see docs/plan.md)."""
 
@@ -81,8 +93,11 @@ class LoaderStats:
 class _WorkerStream(IterableDataset[Any]):
     """What each DataLoader worker process iterates: its share of the rank's batches.
 
-    With persistent workers torch keeps this object in the worker across epochs, so it
-    advances its own epoch on every ``iter()``, exactly as the loader does.
+    Persistent workers keep this object across epochs; every ``iter()`` reads where the
+    epoch starts (``position``: epoch and cursor, in shared memory) which the loader
+    writes before it asks the workers for the next epoch (NOTE[loader-epochs]). Each item
+    handed out is the batch (or sample); the worker's counters go to ``slots``
+    (NOTE[worker-stats]).
     """
 
     def __init__(
@@ -90,8 +105,8 @@ class _WorkerStream(IterableDataset[Any]):
         dataset: Dataset,
         plan_config: PlanConfig,
         *,
-        epoch: int,
-        cursor: int,
+        position: Any,
+        slots: _workers.StatsSlots,
         world: tuple[int, int],
         collate_fn: Callable[[list[Any]], Any] | None,
         unbatch: bool,
@@ -99,16 +114,15 @@ class _WorkerStream(IterableDataset[Any]):
         self.dataset = dataset
         self.unbatch = unbatch
         self.plan_config = plan_config
-        self.epoch = epoch
-        self.cursor = cursor
+        self.position = position
+        self.slots = slots
         self.world = world
         self.collate_fn = collate_fn
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        epoch, cursor = self.epoch, self.cursor
-        self.epoch, self.cursor = epoch + 1, 0
+        epoch, cursor = int(self.position[0]), int(self.position[1])
         world_size, rank = self.world
         plan = EpochPlan(
             self.dataset.order(epoch, self.plan_config),
@@ -116,15 +130,43 @@ class _WorkerStream(IterableDataset[Any]):
             rank=rank,
             cursor=cursor,
         )
-        with self.dataset.prefetch(
-            plan,
-            worker_id=worker_id,
-            num_workers=num_workers,
-            collate_fn=self.collate_fn,
-            unbatch=self.unbatch,
-            group=self.dataset.plan_config.batch_size if self.unbatch else 1,
-        ) as batches:
-            yield from _flatten(batches) if self.unbatch else batches
+        dataset = self.dataset
+        try:
+            with dataset.prefetch(
+                plan,
+                worker_id=worker_id,
+                num_workers=num_workers,
+                collate_fn=self.collate_fn,
+                unbatch=self.unbatch,
+                group=dataset.plan_config.batch_size if self.unbatch else 1,
+            ) as batches:
+                for item in _flatten(batches) if self.unbatch else batches:
+                    self.slots.publish(worker_id, lambda: _process_stats(dataset))
+                    yield item
+        finally:
+            self.slots.publish(worker_id, lambda: _process_stats(dataset), force=True)
+
+
+def _process_stats(dataset: Dataset) -> dict[str, Any]:
+    runtime = dataset._runtime
+    if runtime is None or runtime.pid != os.getpid():
+        return {}
+    return {"cache": runtime.cache.stats().as_dict(), "store": asdict(runtime.store.stats())}
+
+
+class _WorkerInit:
+    """Runs first in every worker: die with the trainer (NOTE[worker-death]), close the
+    datasets at exit (NOTE[dataset-exit]), then the user's ``worker_init_fn``."""
+
+    def __init__(self, owner_pid: int, user_fn: Callable[[int], None] | None) -> None:
+        self.owner_pid = owner_pid
+        self.user_fn = user_fn
+
+    def __call__(self, worker_id: int) -> None:
+        _workers.watch_owner(self.owner_pid, close_open_datasets)
+        multiprocessing.util.Finalize(None, close_open_datasets, exitpriority=10)
+        if self.user_fn is not None:
+            self.user_fn(worker_id)
 
 
 class DataLoader:
@@ -134,9 +176,11 @@ class DataLoader:
     dataset's setting; ``generator`` seeds the shuffle; ``sampler`` and
     ``batch_sampler`` are refused (the epoch plan decides the order);
     ``timeout``, ``worker_init_fn``, ``multiprocessing_context``, ``prefetch_factor``,
-    ``persistent_workers`` and ``in_order`` apply to worker processes (the default start
-    method is ``forkserver`` when the dataset, transform and callables pickle, else
-    torch's default). A batch is a dict
+    ``persistent_workers`` and ``in_order`` apply to worker processes, which start once
+    per loader (``persistent_workers=None`` means ``True`` here) with ``fork`` where that is
+    safe and a preloaded ``forkserver`` otherwise (NOTE[worker-start]), and exit with
+    the training process (NOTE[worker-death]). An epoch left early is continued by the next
+    ``iter()`` (NOTE[loader-epochs]). A batch is a dict
     ``field -> Tensor`` (fixed shapes stacked) or ``VarTensor`` (variable-length), plus
     ``"__id__"``; with ``collate_fn`` or a dataset ``transform``, whatever ``collate_fn``
     returns for the list of samples.
@@ -175,7 +219,7 @@ class DataLoader:
         generator: torch.Generator | None = None,
         *,
         prefetch_factor: int | None = None,
-        persistent_workers: bool = False,
+        persistent_workers: bool | None = None,
         pin_memory_device: str = "",
         in_order: bool = True,
         device: str | torch.device | None = None,
@@ -194,7 +238,7 @@ class DataLoader:
             "worker_init_fn": worker_init_fn,
             "multiprocessing_context": multiprocessing_context,
             "prefetch_factor": prefetch_factor,
-            "persistent_workers": persistent_workers,
+            "persistent_workers": bool(persistent_workers),
             "pin_memory_device": pin_memory_device,
             "in_order": in_order,
         }
@@ -259,14 +303,28 @@ class DataLoader:
                 "world_size must be a positive int and rank an int in 0..world_size-1, "
                 f"got world_size={world_size!r}, rank={rank!r}"
             )
+        # NOTE[loader-epochs]: without a plan, the next iter() starts at (_epoch,
+        # _resume_cursor); with one, where its first _steps batches end.
         self._epoch = 0
         self._resume_cursor = 0
         self._plan: EpochPlan | None = None
         self._steps = 0
         self._samples = 0
+        self._persistent = persistent_workers is not False
         self._worker_loader: torch.utils.data.DataLoader[Any] | None = None
+        self._worker_position: Any = None
+        self._worker_slots: _workers.StatsSlots | None = None
+        self._worker_start = ""
+        self._picklable: bool | None = None
         self._prefetcher: Any = None
         self._reset_timing()
+        if (
+            num_workers > 0
+            and multiprocessing_context is None
+            and _workers.fork_hazard()
+            and self._workers_picklable()
+        ):
+            _workers.warm_forkserver()  # NOTE[worker-start]: import while the script runs
         if metrics_port is not None:
             self._metrics_server = _serve_metrics(self, metrics_port)
 
@@ -275,10 +333,14 @@ class DataLoader:
     def __len__(self) -> int:
         if self._torch is not None:
             return len(self._torch)
+        if self._plan is not None and self._running_unfinished():
+            return self._plan.num_batches
+        epoch, cursor = self._position()
         plan = EpochPlan(
-            self.dataset.order(self._epoch, self.plan_config),
+            self.dataset.order(epoch, self.plan_config),
             world_size=self.world_size,
             rank=self.rank,
+            cursor=cursor,
         )
         return plan.num_batches
 
@@ -292,15 +354,52 @@ class DataLoader:
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise ConfigError(f"epoch must be a non-negative int, got {epoch!r}")
         self._need_fastdata("set_epoch")
+        self._close_active()
+        self._plan, self._steps = None, 0
         self._epoch = epoch
         self._resume_cursor = 0
-        self._worker_loader = None
+
+    def end_epoch(self) -> None:
+        """Abandon the rest of the running (or interrupted) epoch: the next ``iter()``
+        starts the following epoch at its first batch (NOTE[loader-epochs])."""
+        self._need_fastdata("end_epoch")
+        self._close_active()
+        self._abandon()
 
     # -- the epoch -----------------------------------------------------------------------
 
+    def _running_unfinished(self) -> bool:
+        """Whether an iterator of this loader is still referenced and its epoch not done."""
+        active = self._active() if self._active is not None else None
+        plan = self._plan
+        return active is not None and plan is not None and self._steps < plan.num_batches
+
+    def _abandon(self) -> None:
+        plan = self._plan
+        if plan is not None and self._steps < plan.num_batches:
+            self._epoch, self._resume_cursor = plan.order.epoch + 1, 0
+        elif plan is not None:
+            self._epoch, self._resume_cursor = self._position()
+        self._plan, self._steps = None, 0
+
+    def _position(self) -> tuple[int, int]:
+        """``(epoch, cursor)`` where the next ``iter()`` starts (NOTE[loader-epochs])."""
+        plan = self._plan
+        if plan is None:
+            return self._epoch, self._resume_cursor
+        if self._steps < plan.num_batches:
+            return plan.order.epoch, plan.cursor_after(self._steps)
+        return plan.order.epoch + 1, 0
+
     def _iterate(self) -> Iterator[Any]:
-        epoch, cursor = self._epoch, self._resume_cursor
-        self._epoch, self._resume_cursor = epoch + 1, 0
+        if self._running_unfinished():
+            # A second iter() while the first is still held ends the first one's epoch.
+            self._close_active()
+            self._abandon()
+        else:
+            self._close_active()
+        epoch, cursor = self._position()
+        self._epoch, self._resume_cursor = epoch, cursor
         plan = EpochPlan(
             self.dataset.order(epoch, self.plan_config),
             world_size=self.world_size,
@@ -318,7 +417,6 @@ class DataLoader:
         source = self._batches(plan, epoch, cursor)
         if self.device is not None and self.device.type == "cuda":
             source = _to_device(source, self.device)
-        self._close_active()  # one epoch at a time: a new iter() ends the previous one
         timed = self._timed(source)
         self._active = weakref.ref(timed)
         return timed
@@ -333,27 +431,61 @@ class DataLoader:
         if self.num_workers == 0:
             return self._thread_batches(plan)
         loader = self._worker_loader
-        if loader is None or not self._torch_kwargs["persistent_workers"]:
-            stream = _WorkerStream(
-                self.dataset,
-                self.plan_config,
-                epoch=epoch,
-                cursor=cursor,
-                world=(self.world_size, self.rank),
-                collate_fn=self.collate_fn,
-                unbatch=self.batch_size is None,
-            )
-            kwargs = {k: v for k, v in self._torch_kwargs.items() if v is not None}
-            kwargs.setdefault("multiprocessing_context", _worker_context(stream, kwargs))
-            loader = torch.utils.data.DataLoader(
-                stream,
-                batch_size=None,
-                num_workers=self.num_workers,
-                pin_memory=self.pin_memory,
-                **kwargs,
-            )
-            self._worker_loader = loader
+        if loader is None:
+            loader = self._start_workers()
+        # NOTE[loader-epochs]: the workers read where this epoch starts when torch asks
+        # them for it, which iter() below does after this write.
+        self._worker_position[0], self._worker_position[1] = epoch, cursor
         return iter(loader)
+
+    def _workers_picklable(self) -> bool:
+        if self._picklable is None:
+            self._picklable = _workers.picklable(
+                self.dataset, self.collate_fn, self._torch_kwargs["worker_init_fn"]
+            )
+        return self._picklable
+
+    def _start_workers(self) -> torch.utils.data.DataLoader[Any]:
+        kwargs = {k: v for k, v in self._torch_kwargs.items() if v is not None}
+        context = kwargs.get("multiprocessing_context")
+        if context is None:
+            context, self._worker_start = _workers.start_context(self._workers_picklable())
+        elif isinstance(context, str):
+            context = multiprocessing.get_context(context)
+            self._worker_start = f"{context.get_start_method()}: multiprocessing_context"
+        else:
+            self._worker_start = f"{context.get_start_method()}: multiprocessing_context"
+        logger.debug("worker processes start with %s", self._worker_start)
+        self._worker_position = context.RawArray(ctypes.c_longlong, 2)
+        self._worker_slots = _workers.StatsSlots(context, self.num_workers)
+        stream = _WorkerStream(
+            self.dataset,
+            self.plan_config,
+            position=self._worker_position,
+            slots=self._worker_slots,
+            world=(self.world_size, self.rank),
+            collate_fn=self.collate_fn,
+            unbatch=self.batch_size is None,
+        )
+        kwargs["multiprocessing_context"] = context
+        kwargs["persistent_workers"] = self._persistent
+        kwargs["worker_init_fn"] = _WorkerInit(os.getpid(), kwargs.get("worker_init_fn"))
+        loader = torch.utils.data.DataLoader(
+            stream,
+            batch_size=None,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            **kwargs,
+        )
+        self._worker_loader = loader
+        return loader
+
+    def _stop_workers(self) -> None:
+        loader, self._worker_loader = self._worker_loader, None
+        iterator = getattr(loader, "_iterator", None)
+        if iterator is not None:
+            loader._iterator = None  # type: ignore[union-attr]
+            iterator._shutdown_workers()
 
     def _thread_batches(self, plan: EpochPlan) -> Iterator[Any]:
         unbatch = self.batch_size is None
@@ -408,15 +540,11 @@ class DataLoader:
         plan = self._plan
         if plan is not None and self._steps < plan.num_batches:
             state = plan.state_after(self._steps)
-        elif plan is not None:
-            state = plan.state_after(plan.num_batches).next_epoch()
         else:
-            order = self.dataset.order(self._epoch, self.plan_config)
+            epoch, cursor = self._position()
+            order = self.dataset.order(epoch, self.plan_config)
             state = PlanState(
-                epoch=self._epoch,
-                cursor=self._resume_cursor,
-                num_samples=len(self.dataset),
-                digest=order.digest,
+                epoch=epoch, cursor=cursor, num_samples=len(self.dataset), digest=order.digest
             )
         return {
             "version": STATE_VERSION,
@@ -468,11 +596,11 @@ class DataLoader:
         plan_state = PlanState.from_dict(state["plan"])
         order = self.dataset.order(plan_state.epoch, self.plan_config)
         EpochPlan.from_state(plan_state, order, world_size=self.world_size, rank=self.rank)
+        self._close_active()
         self._epoch = plan_state.epoch
         self._resume_cursor = plan_state.cursor
         self._plan = None
         self._steps = self._samples = 0
-        self._worker_loader = None
 
     # -- stats ---------------------------------------------------------------------------
 
@@ -490,9 +618,13 @@ class DataLoader:
             store = asdict(runtime.store.stats())
         if self.num_workers == 0 and self._prefetcher is not None:
             queue_depth = self._prefetcher.stats().ready_mean
+        if self.num_workers > 0 and self._worker_slots is not None:
+            parts = [p for p in self._worker_slots.read() if p]
+            cache = _workers.merge_stats([p["cache"] for p in parts])
+            store = _workers.merge_stats([p["store"] for p in parts])
         plan = self._plan
         return LoaderStats(
-            epoch=max(self._epoch - 1, 0) if plan is not None else self._epoch,
+            epoch=plan.order.epoch if plan is not None else self._epoch,
             steps=steps,
             samples=self._samples,
             elapsed_s=elapsed,
@@ -512,7 +644,8 @@ class DataLoader:
         """Stop the running epoch (its threads or worker processes), the metrics server,
         and close this process's dataset handles. The loader can be iterated again."""
         self._close_active()
-        self._worker_loader = None
+        self._abandon()
+        self._stop_workers()
         self._prefetcher = None
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
@@ -557,21 +690,6 @@ def _check_args(
         raise ConfigError(f"collate_fn must be callable, got {collate_fn!r}")
     if not isinstance(drop_last, bool):
         raise ConfigError(f"drop_last must be True or False, got {drop_last!r}")
-
-
-def _worker_context(stream: _WorkerStream, kwargs: dict[str, Any]) -> str | None:
-    """``forkserver`` when everything the workers need pickles, else torch's default.
-
-    obstore's runtime does not survive a fork once it has run in the parent (the index
-    was listed with it), so forked workers fall back to s3fs at several times the CPU per
-    request (docs/store.md). A forkserver child starts clean; it needs the dataset, the
-    transform, ``collate_fn`` and ``worker_init_fn`` to pickle, which lambdas do not.
-    """
-    try:
-        pickle.dumps((stream, kwargs.get("worker_init_fn")))
-    except (pickle.PicklingError, AttributeError, TypeError):
-        return None
-    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else None
 
 
 def _check_device(device: str | torch.device | None) -> torch.device | None:

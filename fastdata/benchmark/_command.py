@@ -32,7 +32,7 @@ def config_from_flags(
     Raises:
         ConfigError: A flag out of range, or a size that does not parse.
     """
-    names = ("samples", "sample_bytes", "layout", "batch_size", "step_ms", "epochs")
+    names = ("samples", "sample_bytes", "layout", "batch_size", "step_ms", "epochs", "workers")
     changes = {k: flags[k] for k in (*names, "endpoint_url", "bucket") if flags.get(k) is not None}
     if "sample_bytes" in changes:
         changes["sample_bytes"] = parse_size(changes["sample_bytes"])

@@ -91,6 +91,7 @@ def build_result(
     open_s: float,
     limits: dict[str, Any],
     systems: dict[str, SystemRun],
+    workers: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything a run measured, with ratios, targets and the summary line."""
     limits = dict(limits)
@@ -105,6 +106,8 @@ def build_result(
         "limits": limits,
         "systems": {name: _system_dict(config, run) for name, run in systems.items()},
     }
+    if workers is not None:
+        result["workers"] = workers
     result["ratios"] = _ratios(result)
     result["targets"] = _targets(config, result)
     result["summary"] = summary_line(result)
@@ -251,6 +254,15 @@ def print_report(result: dict[str, Any], console: Any = None) -> None:
         f"dataset open (listing + index): {result['open_s']:.3f} s; upload "
         f"{result['upload_s']:.1f} s; whole run {result['total_s']:.1f} s"
     )
+    workers = result.get("workers")
+    if workers:
+        console.print(
+            f"num_workers={workers['num_workers']} ({workers['workers']['start']}) with a "
+            f"per-sample transform: second epoch's first batch in "
+            f"{workers['second_epoch_first_batch_s']:.3f} s (target <= "
+            f"{workers['second_epoch_first_batch_target_s']:g} s), throughput "
+            f"{workers['workers_vs_threads']:.2f}x threads mode's"
+        )
     for t in result["targets"]:
         verdict = ("met" if t["met"] else "MISSED") if t["applies"] else "n/a at this size"
         console.print(f"target {t['target']}: {t['value']:.3g} ({verdict})")

@@ -36,6 +36,7 @@ from fastdata.benchmark._systems import (
     run_hot,
     run_warm,
 )
+from fastdata.benchmark._workerpass import run_worker_pass
 from fastdata.config import CacheConfig, format_size
 from fastdata.errors import ConfigError
 
@@ -218,7 +219,11 @@ def _measure_all(
     limits["page_cache"] = median["page_cache"]
     say(f"fastdata hot (RAM tier), {rounds} rounds")
     systems["fastdata_hot"] = run_hot(config, data, cache_dir, rounds=rounds)
-    return {"open_s": open_s, "limits": limits, "systems": systems}
+    measured: dict[str, Any] = {"open_s": open_s, "limits": limits, "systems": systems}
+    if config.workers:
+        say(f"fastdata num_workers={config.workers} beside threads, per-sample transform")
+        measured["workers"] = run_worker_pass(config, data, cache_dir)
+    return measured
 
 
 def _store_limits(

@@ -942,6 +942,12 @@ def _map_base(data_path: Path, inode: tuple[int, int]) -> int:
     return 0
 
 
+def handles_open() -> bool:
+    """Whether this process has an LMDB environment open (or closing); a fork now has to
+    quiesce it (NOTE[lmdb-fork])."""
+    return bool(_HANDLES or _CLOSING)
+
+
 def _open_handles() -> list[EnvHandle]:
     return [*_HANDLES.values(), *_CLOSING.values()]
 

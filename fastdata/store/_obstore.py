@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from obstore import GetOptions
     from typing_extensions import Buffer
 
-__all__ = ["ObstoreBackend", "runtime_usable"]
+__all__ = ["ObstoreBackend", "runtime_started", "runtime_usable"]
 
 _runtime_pid: int | None = None
 _STATUS = re.compile(r"status code: (\d{3})")
@@ -75,6 +75,12 @@ _LIST_PAGE = 1000
 def runtime_usable() -> bool:
     """Whether obstore can run in this process (NOTE[obstore-fork])."""
     return _runtime_pid is None or _runtime_pid == os.getpid()
+
+
+def runtime_started() -> bool:
+    """Whether obstore's runtime has run in this process or a parent it was forked from
+    (a fork now would break it in the child, NOTE[obstore-fork])."""
+    return _runtime_pid is not None
 
 
 class ObstoreBackend(Backend):
