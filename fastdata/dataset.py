@@ -24,13 +24,16 @@ those handles) and opens its own, lazily. ``__getstate__`` never carries it.
 
 from __future__ import annotations
 
+import collections
+import copy
 import itertools
 import logging
+import multiprocessing.reduction
 import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -55,38 +58,195 @@ ID_KEY = "__id__"
 """Batch and sample key holding the sample ids (int64)."""
 
 
-class VarTensor(NamedTuple):
-    """A variable-length field of a batch: sample ``i`` is ``values[offsets[i]:offsets[i+1]]``.
+class VarTensor:
+    """A variable-length field of a batch: a sequence of its samples.
 
-    ``values`` holds every sample's elements back to back (``uint8`` for bytes and str
-    fields), ``offsets`` is int64 of length N + 1. It is a NamedTuple so that torch's
-    ``pin_memory`` and ``default_convert`` handle it like any tuple of tensors.
+    ``len(v)`` is the number of samples, ``v[i]`` is sample ``i`` (``bytes`` for a bytes
+    field, ``str`` for a str field, a tensor view shaped like the sample for an array
+    field), ``v[a:b]`` is a ``VarTensor`` of those samples, and iterating yields the
+    samples. Zero-copy users read ``values`` (every sample's elements back to back,
+    ``uint8`` for bytes and str fields) and ``offsets`` (int64, N + 1 entries: sample
+    ``i`` is ``values[offsets[i]:offsets[i+1]]``) directly.
+
+    Whether a field is a ``VarTensor`` is decided by the dataset's schema when the index
+    is built (NOTE[field-kinds]), never by the lengths in one batch.
+
+    ``torch.save`` writes it as a plain ``OrderedDict`` of tensors (``values``,
+    ``offsets``, ``shapes``, ``kind``), so a saved batch loads with
+    ``torch.load(weights_only=True)``; :meth:`from_dict` turns that back into a
+    ``VarTensor``. Between DataLoader worker processes it travels as itself.
     """
 
+    __slots__ = ("kind", "offsets", "shapes", "values")
+
     values: torch.Tensor
-    """Every sample's elements, back to back."""
     offsets: torch.Tensor
-    """int64, N + 1 entries, in elements of ``values``."""
-    kind: str = "bytes"
-    """What a sample is: ``"bytes"``, ``"str"`` (UTF-8 in ``values``) or ``"array"``."""
+    shapes: torch.Tensor | None
+    kind: str
+
+    def __init__(
+        self,
+        values: torch.Tensor,
+        offsets: torch.Tensor,
+        kind: str = "bytes",
+        shapes: torch.Tensor | None = None,
+    ) -> None:
+        if kind not in ("bytes", "str", "array"):
+            raise ConfigError(f"VarTensor kind must be 'bytes', 'str' or 'array', not {kind!r}")
+        self.values = values
+        """Every sample's elements, back to back."""
+        self.offsets = offsets
+        """int64, N + 1 entries, in elements of ``values``."""
+        self.kind = kind
+        """What a sample is: ``"bytes"``, ``"str"`` (UTF-8 in ``values``) or ``"array"``."""
+        self.shapes = shapes
+        """int64 ``[N, ndim]``: each sample's shape (array fields), else ``None``."""
+
+    # -- a sequence of samples ---------------------------------------------------------
+
+    def __len__(self) -> int:
+        return max(0, int(self.offsets.shape[0]) - 1)
+
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return self._slice(i)
+        if not isinstance(i, int | np.integer) or isinstance(i, bool):
+            raise TypeError(f"VarTensor indices must be int or slice, not {type(i).__name__}")
+        n = len(self)
+        j = int(i) + n if i < 0 else int(i)
+        if not 0 <= j < n:
+            raise IndexError(f"sample {i} out of range for a VarTensor of {n} samples")
+        part = self.item(j)
+        if self.kind == "array":
+            return part if self.shapes is None else part.reshape(self.shapes[j].tolist())
+        raw = part.cpu().numpy().tobytes()
+        return raw.decode("utf-8") if self.kind == "str" else raw
+
+    def __iter__(self) -> Iterator[Any]:
+        for i in range(len(self)):
+            yield self[i]
+
+    def _slice(self, which: slice) -> VarTensor:
+        start, stop, step = which.indices(len(self))
+        if step != 1:
+            raise IndexError("VarTensor slices must be contiguous (step 1)")
+        stop = max(start, stop)
+        offsets = self.offsets[start : stop + 1]
+        first = int(offsets[0]) if len(offsets) else 0
+        last = int(offsets[-1]) if len(offsets) else 0
+        shapes = self.shapes[start:stop] if self.shapes is not None else None
+        values = self.values[first:last]
+        return VarTensor(values, offsets - first if len(offsets) else offsets, self.kind, shapes)
+
+    def __repr__(self) -> str:
+        return (
+            f"VarTensor({len(self)} samples, kind={self.kind!r}, values={self.values.dtype} "
+            f"x {int(self.values.numel())}, device={self.values.device})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, VarTensor):
+            return NotImplemented
+        same_shapes = (self.shapes is None) == (other.shapes is None) and (
+            self.shapes is None
+            or other.shapes is None
+            or torch.equal(self.shapes.cpu(), other.shapes.cpu())
+        )
+        return (
+            self.kind == other.kind
+            and same_shapes
+            and torch.equal(self.offsets.cpu(), other.offsets.cpu())
+            and torch.equal(self.values.cpu(), other.values.cpu())
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable tensors inside, like Tensor lists
 
     def item(self, i: int) -> torch.Tensor:
-        """The elements of sample ``i`` (a view)."""
+        """The flat elements of sample ``i`` (a view of ``values``)."""
         start, end = int(self.offsets[i]), int(self.offsets[i + 1])
         return self.values[start:end]
 
-    def tolist(self) -> list[bytes]:
-        """Each sample's bytes (copies)."""
-        raw = self.values.numpy().tobytes()
-        bounds = self.offsets.tolist()
+    def tolist(self) -> list[Any]:
+        """Each sample as ``v[i]`` gives it: ``bytes``, ``str``, or a tensor (arrays)."""
+        if self.kind == "array":
+            return list(self)
+        raw = self.values.cpu().numpy().tobytes()
         size = self.values.element_size()
-        return [raw[a * size : b * size] for a, b in itertools.pairwise(bounds)]
+        parts = [raw[a * size : b * size] for a, b in itertools.pairwise(self.offsets.tolist())]
+        return [p.decode("utf-8") for p in parts] if self.kind == "str" else parts
+
+    # -- tensors -----------------------------------------------------------------------
 
     def to(self, *args: Any, **kwargs: Any) -> VarTensor:
-        """Both tensors moved or cast like ``Tensor.to``."""
-        return VarTensor(
-            self.values.to(*args, **kwargs), self.offsets.to(*args, **kwargs), self.kind
+        """``values`` moved or cast like ``Tensor.to``; ``offsets`` and ``shapes`` moved
+        (never cast: they stay int64)."""
+        values = self.values.to(*args, **kwargs)
+        device = values.device
+        non_blocking = bool(kwargs.get("non_blocking", False))
+        offsets = self.offsets.to(device, non_blocking=non_blocking)
+        shapes = (
+            self.shapes.to(device, non_blocking=non_blocking) if self.shapes is not None else None
         )
+        return VarTensor(values, offsets, self.kind, shapes)
+
+    def pin_memory(self, device: Any = None) -> VarTensor:
+        """Both tensors in pinned memory (what torch's ``pin_memory`` calls)."""
+        shapes = self.shapes.pin_memory() if self.shapes is not None else None
+        return VarTensor(self.values.pin_memory(), self.offsets.pin_memory(), self.kind, shapes)
+
+    def record_stream(self, stream: Any) -> None:
+        """``Tensor.record_stream`` on every tensor (CUDA copies on a side stream)."""
+        for t in (self.values, self.offsets, self.shapes):
+            if t is not None:
+                t.record_stream(stream)
+
+    # -- saving ------------------------------------------------------------------------
+
+    def to_dict(self) -> collections.OrderedDict[str, Any]:
+        """The plain form ``torch.save`` writes (tensors, a str, maybe ``None``)."""
+        return collections.OrderedDict(
+            values=self.values, offsets=self.offsets, kind=self.kind, shapes=self.shapes
+        )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> VarTensor:
+        """A ``VarTensor`` from :meth:`to_dict` (a batch loaded with ``weights_only``)."""
+        try:
+            return cls(data["values"], data["offsets"], data["kind"], data.get("shapes"))
+        except (KeyError, TypeError) as exc:
+            raise ConfigError(f"not a saved VarTensor: {data!r:.200}") from exc
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # NOTE[vartensor-save]: the plain form, so that torch.load(weights_only=True)
+        # (which allows OrderedDict and tensors, not our class) reads a saved batch.
+        # Worker processes use the ForkingPickler reducer registered below instead.
+        return (collections.OrderedDict, (list(self.to_dict().items()),))
+
+    def __copy__(self) -> VarTensor:
+        return VarTensor(self.values, self.offsets, self.kind, self.shapes)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> VarTensor:
+        return VarTensor(
+            copy.deepcopy(self.values, memo),
+            copy.deepcopy(self.offsets, memo),
+            self.kind,
+            copy.deepcopy(self.shapes, memo),
+        )
+
+
+def _rebuild_var_tensor(
+    values: torch.Tensor, offsets: torch.Tensor, kind: str, shapes: torch.Tensor | None
+) -> VarTensor:
+    return VarTensor(values, offsets, kind, shapes)
+
+
+def _reduce_var_tensor(v: VarTensor) -> tuple[Any, ...]:
+    return (_rebuild_var_tensor, (v.values, v.offsets, v.kind, v.shapes))
+
+
+# NOTE[vartensor-save]: between processes (DataLoader workers) a VarTensor stays itself,
+# its tensors shared through torch's own reducers.
+multiprocessing.reduction.ForkingPickler.register(VarTensor, _reduce_var_tensor)
 
 
 Batch = dict[str, Any]
@@ -95,8 +255,9 @@ Batch = dict[str, Any]
 
 def _to_torch(value: Any) -> Any:
     if isinstance(value, record.VarBatch):
+        shapes = torch.from_numpy(value.shapes) if value.shapes is not None else None
         return VarTensor(
-            torch.from_numpy(value.values), torch.from_numpy(value.offsets), value.kind
+            torch.from_numpy(value.values), torch.from_numpy(value.offsets), value.kind, shapes
         )
     return torch.from_numpy(value)
 
@@ -105,7 +266,7 @@ def split_batch(batch: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Split a gathered batch into per-sample dicts (views where the field is a tensor).
 
     Variable-length bytes fields become ``bytes``, str fields ``str``, and
-    variable-shape arrays 1-D tensors (flattened).
+    variable-shape arrays tensors of the sample's shape.
 
     Args:
         batch: A batch from :meth:`Dataset.fetch_batch`.
@@ -120,13 +281,8 @@ def split_batch(batch: Mapping[str, Any]) -> list[dict[str, Any]]:
         if name == ID_KEY:
             continue
         if isinstance(value, VarTensor):
-            if value.kind in ("bytes", "str"):
-                parts = value.tolist()
-                for sample, part in zip(samples, parts, strict=True):
-                    sample[name] = part.decode("utf-8") if value.kind == "str" else part
-            else:
-                for i, sample in enumerate(samples):
-                    sample[name] = value.item(i)
+            for sample, part in zip(samples, value.tolist(), strict=True):
+                sample[name] = part
         else:
             for i in range(count):
                 samples[i][name] = value[i]
@@ -231,6 +387,8 @@ class Dataset(IterableDataset[Any]):
         self.index: SampleIndex = self.spec.open(
             self.spec.store(self.config.store), self.config.cache.resolved_dir()
         )
+        self.field_kinds: dict[str, str] = self.index.field_kinds
+        """NOTE[field-kinds]: each field's kind from the schema (``SampleIndex.field_kinds``)."""
         self.epoch = 0
         self._runtime: _Runtime | None = None
         self._reset()
@@ -339,7 +497,7 @@ class Dataset(IterableDataset[Any]):
         runtime = self.runtime()
         # Checksums in the gather's pass; corrupt cache entries refetched (NOTE[deferred-verify]).
         arrays = runtime.cache.collate_many(
-            sample_ids, fields=self.fields, alloc=runtime.pool.acquire
+            sample_ids, fields=self.fields, alloc=runtime.pool.acquire, variable=self._variable()
         )
         batch: Batch = {name: _to_torch(value) for name, value in arrays.items()}
         for name, values in self.index.index_fields(sample_ids).items():
@@ -347,6 +505,10 @@ class Dataset(IterableDataset[Any]):
                 batch[name] = torch.from_numpy(values)
         batch[ID_KEY] = torch.from_numpy(np.array(sample_ids, dtype=np.int64))
         return batch
+
+    def _variable(self) -> list[str]:
+        """The array fields the schema calls variable-length (NOTE[field-kinds])."""
+        return [name for name, kind in self.field_kinds.items() if kind == "var"]
 
     def _make_fetch(
         self, collate_fn: Callable[[list[Any]], Any] | None, *, unbatch: bool

@@ -662,12 +662,12 @@ def _finish(pending: tuple[Any, torch.cuda.Event, Any]) -> Any:
 
 
 def _record_stream(value: Any, stream: torch.cuda.Stream) -> None:
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, torch.Tensor | VarTensor):
         value.record_stream(stream)
     elif isinstance(value, dict):
         for item in value.values():
             _record_stream(item, stream)
-    elif isinstance(value, list | tuple):  # VarTensor is a tuple
+    elif isinstance(value, list | tuple):
         for item in value:
             _record_stream(item, stream)
 

@@ -166,7 +166,36 @@ class ParquetLayout:
     ) -> BuildResult:
         """Fetch every footer and turn row groups into rows."""
         scans = scan_with_reuse(objects, previous, lambda batch: self._scan(store, batch))
-        return BuildResult(rows=concat_scans(scans), extras=[s.extra for s in scans])
+        extras = [s.extra for s in scans]
+        return BuildResult(
+            rows=concat_scans(scans),
+            extras=extras,
+            meta={"field_kinds": self._field_kinds(objects, extras)},
+        )
+
+    def _field_kinds(self, objects: Sequence[ObjectInfo], extras: list[bytes]) -> dict[str, str]:
+        """NOTE[field-kinds]: each chosen column's kind from the Arrow schemas of the files.
+
+        ``list``/``large_list`` columns are ``"var"`` (a VarTensor in every batch),
+        ``fixed_size_list`` columns ``"fixed"``; a column that is a fixed-size list in one
+        file and a list in another is ``"var"``.
+        """
+        kinds: dict[str, str] = {}
+        seen: set[bytes] = set()
+        for info, extra in zip(objects, extras, strict=True):
+            meta = self._parse(info.path, info.size, extra)
+            schema = meta.metadata.schema.to_arrow_schema()
+            key = schema.to_string().encode()
+            if key in seen:
+                continue
+            seen.add(key)
+            for name, kind in zip(schema.names, schema.types, strict=True):
+                if self.fields is not None and name not in self.fields:
+                    continue
+                found = _kind_of(kind)
+                before = kinds.get(name)
+                kinds[name] = "var" if "var" in (before, found) else found
+        return kinds
 
     def _scan(self, store: Store, infos: Sequence[ObjectInfo]) -> list[ObjectScan]:
         for info in infos:
@@ -299,6 +328,25 @@ class ParquetLayout:
         keys = np.column_stack([rows["obj"].astype(np.uint64), rows["offset"]])
         _, inverse, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
         return (rows["length"] // counts[inverse.ravel()]).astype(np.int64)
+
+
+def _kind_of(kind: pa.DataType) -> str:
+    """The sample kind of an Arrow column type (NOTE[field-kinds])."""
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return "str"
+    if (
+        pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+        or pa.types.is_fixed_size_binary(kind)
+    ):
+        return "bytes"
+    if pa.types.is_fixed_size_list(kind):
+        return "fixed"
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return "var"
+    return "scalar"
 
 
 def _group_span(
