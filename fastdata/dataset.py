@@ -20,6 +20,17 @@ Two ways to iterate:
 NOTE[dataset-runtime]: the runtime records the PID that opened it. A process that finds
 a runtime of another PID (a forked worker) drops it without closing it (the parent owns
 those handles) and opens its own, lazily. ``__getstate__`` never carries it.
+
+NOTE[bad-samples]: an error raised while reading (``CorruptRecordError`` from a record or
+a layout's decoder) or transforming one sample gets a note (``add_note``; its type is
+kept) naming the sample id and where it lives (:meth:`Dataset.where`). With
+``on_error="skip"`` the sample is logged, counted (``Dataset.skipped_samples``, per
+process; ``LoaderStats.skipped_samples``) and left out of its batch. A planned batch (or,
+with ``batch_size=None``, a planned sample) that loses every sample becomes a
+:class:`SkippedBatch`, which the loader counts as a consumed step without handing it out,
+so ``state_dict()`` cursors stay exact and a resumed run never reads a skipped sample
+again. Errors that are not one sample's (the store, the cache, a bad argument) always
+raise.
 """
 
 from __future__ import annotations
@@ -43,14 +54,14 @@ from fastdata import record
 from fastdata.cache import ReadThroughCache, default_tiers
 from fastdata.cache.tier import reset_in_forked_child
 from fastdata.config import CacheConfig, FastdataConfig, parse_size
-from fastdata.errors import ConfigError
+from fastdata.errors import ConfigError, CorruptRecordError
 from fastdata.index import SampleIndex
 from fastdata.plan import EpochOrder, EpochPlan, PlanConfig, ShuffleMode
 from fastdata.prefetch import BufferPool, Prefetcher
 from fastdata.spec import DatasetSpec, epoch_order
 from fastdata.store import Store
 
-__all__ = ["Batch", "Dataset", "VarTensor", "split_batch"]
+__all__ = ["Batch", "Dataset", "OnError", "SkippedBatch", "VarTensor", "split_batch"]
 
 logger = logging.getLogger(__name__)
 
@@ -249,6 +260,43 @@ def _reduce_var_tensor(v: VarTensor) -> tuple[Any, ...]:
 multiprocessing.reduction.ForkingPickler.register(VarTensor, _reduce_var_tensor)
 
 
+OnError = Literal["raise", "skip"]
+"""What a sample that cannot be read or transformed does (NOTE[bad-samples])."""
+
+
+def check_on_error(on_error: object) -> OnError:
+    """``on_error`` checked: ``"raise"`` or ``"skip"``.
+
+    Raises:
+        ConfigError: Anything else.
+    """
+    if on_error == "raise":
+        return "raise"
+    if on_error == "skip":
+        return "skip"
+    raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+
+
+class SkippedBatch:
+    """What a fetch yields for a planned batch (or, with ``batch_size=None``, a planned
+    sample) whose every sample was skipped under ``on_error="skip"``.
+
+    ``fastdata.DataLoader`` counts it as a consumed step and hands nothing out, so
+    ``state_dict()`` stays exact (NOTE[bad-samples]).
+    """
+
+    __slots__ = ("sample_ids",)
+
+    def __init__(self, sample_ids: Sequence[int]) -> None:
+        self.sample_ids = [int(i) for i in sample_ids]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (SkippedBatch, (self.sample_ids,))
+
+    def __repr__(self) -> str:
+        return f"SkippedBatch({self.sample_ids})"
+
+
 Batch = dict[str, Any]
 """``field -> Tensor | VarTensor``, plus ``"__id__"``; or what a ``collate_fn`` returns."""
 
@@ -338,6 +386,11 @@ class Dataset(IterableDataset[Any]):
         batch_size: Samples gathered per background fetch when iterating single samples.
         config: Full settings; the arguments above override its fields.
         layout_options: Layout options (``labels=True`` for ImageFolder labels, ...).
+        on_error: What a sample that cannot be read or transformed does
+            (NOTE[bad-samples]): ``"raise"`` (default) raises the error, its type kept,
+            with a note naming the sample id and where it lives (object key, byte range,
+            row or member count); ``"skip"`` logs it, counts it
+            (:attr:`skipped_samples`) and leaves it out of its batch.
 
     Raises:
         ConfigError: A bad argument, or nothing to read at ``url``.
@@ -363,10 +416,12 @@ class Dataset(IterableDataset[Any]):
         batch_size: int = 64,
         config: FastdataConfig | None = None,
         layout_options: Mapping[str, Any] | None = None,
+        on_error: OnError = "raise",
     ) -> None:
         super().__init__()
         if transform is not None and not callable(transform):
             raise ConfigError(f"transform must be callable, got {transform!r}")
+        self.on_error: OnError = check_on_error(on_error)
         self.spec = DatasetSpec(
             url,
             layout=layout,
@@ -398,7 +453,7 @@ class Dataset(IterableDataset[Any]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_runtime", "_runtime_lock", "_prefetchers"):
+        for name in ("_runtime", "_runtime_lock", "_prefetchers", "_skipped"):
             state[name] = None
         return state
 
@@ -408,11 +463,13 @@ class Dataset(IterableDataset[Any]):
         reset_in_forked_child(self)
 
     def _reset(self) -> None:
-        """A new lock and no prefetchers: at construction, unpickling, and in every forked
-        child, where the parent's lock may have been held by one of its threads at the fork
-        and none of the parent's prefetchers run (``reset_in_forked_child``)."""
+        """A new lock, no prefetchers and no skip counts: at construction, unpickling, and
+        in every forked child, where the parent's lock may have been held by one of its
+        threads at the fork and none of the parent's prefetchers run
+        (``reset_in_forked_child``)."""
         self._runtime_lock = threading.Lock()
         self._prefetchers: weakref.WeakSet[Prefetcher[np.ndarray, Any]] = weakref.WeakSet()
+        self._skipped: list[int] = []
 
     def runtime(self) -> _Runtime:
         """This process's store, cache and pool, opened on first use."""
@@ -481,50 +538,148 @@ class Dataset(IterableDataset[Any]):
 
     # -- batches -------------------------------------------------------------------------
 
-    def fetch_batch(self, sample_ids: np.ndarray) -> Batch:
+    def fetch_batch(self, sample_ids: np.ndarray, *, on_error: OnError | None = None) -> Batch:
         """Read and gather one batch: one cache call, one gather per field into a pool buffer.
 
         Args:
             sample_ids: The batch's sample ids, in order.
+            on_error: Overrides the dataset's ``on_error`` for this call.
 
         Returns:
-            ``field -> Tensor | VarTensor`` plus ``"__id__"``.
+            ``field -> Tensor | VarTensor`` plus ``"__id__"``; with ``on_error="skip"``
+            the samples that failed to decode are left out (``"__id__"`` says which
+            remain), and a batch that loses every sample is a :class:`SkippedBatch`.
 
         Raises:
-            CorruptRecordError: A sample's bytes are malformed (names the sample).
+            CorruptRecordError: A sample's bytes are malformed (names the sample and,
+                in a note, its object; NOTE[bad-samples]).
             StoreError: The store failed after retries.
         """
+        policy = self.on_error if on_error is None else check_on_error(on_error)
         runtime = self.runtime()
-        # Checksums in the gather's pass; corrupt cache entries refetched (NOTE[deferred-verify]).
-        arrays = runtime.cache.collate_many(
-            sample_ids, fields=self.fields, alloc=runtime.pool.acquire, variable=self._variable()
-        )
+        ids = np.asarray(sample_ids, dtype=np.int64)
+        skipped: list[int] = []
+        while True:
+            try:
+                # Checksums in the gather's pass; corrupt cache entries refetched
+                # (NOTE[deferred-verify]).
+                arrays = runtime.cache.collate_many(
+                    ids, fields=self.fields, alloc=runtime.pool.acquire, variable=self._variable()
+                )
+                break
+            except CorruptRecordError as exc:
+                bad = exc.sample_id
+                if bad is None or not bool((ids == bad).any()):
+                    raise
+                self.note_sample(exc, bad, "reading")
+                if policy == "raise":
+                    raise
+                self._skip(bad, exc)
+                skipped.append(bad)
+                ids = ids[ids != bad]  # each pass drops one id, so this loop ends
+                if len(ids) == 0:
+                    return SkippedBatch(skipped)  # type: ignore[return-value]
         batch: Batch = {name: _to_torch(value) for name, value in arrays.items()}
-        for name, values in self.index.index_fields(sample_ids).items():
+        for name, values in self.index.index_fields(ids).items():
             if self.fields is None or name in self.fields:
                 batch[name] = torch.from_numpy(values)
-        batch[ID_KEY] = torch.from_numpy(np.array(sample_ids, dtype=np.int64))
+        batch[ID_KEY] = torch.from_numpy(np.array(ids, dtype=np.int64))
         return batch
+
+    # -- bad samples (NOTE[bad-samples]) -------------------------------------------------
+
+    def where(self, sample_id: int) -> str:
+        """Sample ``sample_id`` and where it lives: object key, byte range, and the row
+        (Parquet) or member count (tar) that the layout keeps."""
+        row = self.index.locations([sample_id])[0]
+        where = f"sample {sample_id} ({self.index.describe(sample_id)}"
+        if self.index.layout.name == "parquet":
+            where += f", row {int(row['aux'])} of the row group at byte {int(row['offset'])}"
+        elif self.index.layout.name == "tar":
+            where += f", a tar sample of {int(row['aux'])} member(s)"
+        return where + ")"
+
+    def note_sample(self, exc: BaseException, sample_id: int, what: str) -> None:
+        """Add a note naming the sample to ``exc`` (its type is kept)."""
+        try:
+            place = self.where(sample_id)
+        except Exception:  # the note must never hide the error itself
+            place = f"sample {sample_id}"
+        exc.add_note(f"fastdata: raised while {what} {place}")
+
+    def _skip(self, sample_id: int, exc: BaseException) -> None:
+        with self._runtime_lock:
+            self._skipped.append(int(sample_id))
+        logger.warning(
+            "skipping %s (on_error='skip'): %s: %s",
+            self.where(sample_id),
+            type(exc).__name__,
+            exc,
+        )
+
+    @property
+    def skipped_samples(self) -> int:
+        """Samples this process left out under ``on_error="skip"`` (all epochs)."""
+        return len(self._skipped)
+
+    def skipped_ids(self) -> list[int]:
+        """The ids this process skipped, in the order they were skipped."""
+        with self._runtime_lock:
+            return list(self._skipped)
 
     def _variable(self) -> list[str]:
         """The array fields the schema calls variable-length (NOTE[field-kinds])."""
         return [name for name, kind in self.field_kinds.items() if kind == "var"]
 
     def _make_fetch(
-        self, collate_fn: Callable[[list[Any]], Any] | None, *, unbatch: bool
+        self,
+        collate_fn: Callable[[list[Any]], Any] | None,
+        *,
+        unbatch: bool,
+        on_error: OnError | None = None,
     ) -> Callable[[np.ndarray], Any]:
         transform = self.transform
+        policy = self.on_error if on_error is None else check_on_error(on_error)
         if transform is None and collate_fn is None and not unbatch:
-            return self.fetch_batch
+            return lambda sample_ids: self.fetch_batch(sample_ids, on_error=policy)
 
         def samples_of(sample_ids: np.ndarray) -> list[Any]:
-            samples = split_batch(self.fetch_batch(sample_ids))
-            return [transform(s) for s in samples] if transform is not None else samples
+            batch = self.fetch_batch(sample_ids, on_error=policy)
+            if isinstance(batch, SkippedBatch):
+                return [batch] if unbatch else []
+            samples = split_batch(batch)
+            out: list[Any]
+            if transform is None:
+                out = list(samples)
+            else:
+                out = []
+                for sample in samples:
+                    try:
+                        out.append(transform(sample))
+                    except Exception as exc:
+                        sample_id = sample[ID_KEY]
+                        self.note_sample(exc, sample_id, "transforming")
+                        if policy == "raise":
+                            raise
+                        self._skip(sample_id, exc)
+                        if unbatch:  # keeps one item per planned step (NOTE[bad-samples])
+                            out.append(SkippedBatch([sample_id]))
+            if unbatch:
+                missing = len(sample_ids) - len(out)
+                out.extend(SkippedBatch([]) for _ in range(missing))
+            return out
 
         if unbatch:
             return samples_of
         collate = collate_fn or torch.utils.data.default_collate
-        return lambda sample_ids: collate(samples_of(sample_ids))
+
+        def collated(sample_ids: np.ndarray) -> Any:
+            samples = samples_of(sample_ids)
+            if not samples:
+                return SkippedBatch([int(i) for i in sample_ids])
+            return collate(samples)
+
+        return collated
 
     def prefetch(
         self,
@@ -535,6 +690,7 @@ class Dataset(IterableDataset[Any]):
         collate_fn: Callable[[list[Any]], Any] | None = None,
         unbatch: bool = False,
         group: int = 1,
+        on_error: OnError | None = None,
     ) -> Prefetcher[np.ndarray, Any]:
         """Start background threads that fetch one consumer's batches of an epoch plan.
 
@@ -549,6 +705,7 @@ class Dataset(IterableDataset[Any]):
             group: Fetch this many consecutive planned batches together (with a plan of
                 one-sample batches, ``unbatch`` and ``group=64`` read 64 samples per
                 cache call yet keep a per-sample cursor).
+            on_error: Overrides the dataset's ``on_error`` (NOTE[bad-samples]).
 
         Returns:
             An iterator of batches (or sample lists) in plan order; close it (or use
@@ -564,7 +721,7 @@ class Dataset(IterableDataset[Any]):
             batches = _grouped(batches, group)
         prefetcher = Prefetcher(
             batches,
-            self._make_fetch(collate_fn, unbatch=unbatch),
+            self._make_fetch(collate_fn, unbatch=unbatch, on_error=on_error),
             config=self.config.prefetch,
             hint=hint,
         )
@@ -581,7 +738,7 @@ class Dataset(IterableDataset[Any]):
             plan, worker_id=worker_id, num_workers=num_workers, unbatch=True
         ) as sample_lists:
             for samples in sample_lists:
-                yield from samples
+                yield from (s for s in samples if not isinstance(s, SkippedBatch))
 
 
 def _grouped(batches: Iterator[np.ndarray], group: int) -> Iterator[np.ndarray]:

@@ -32,7 +32,14 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from fastdata.dataset import Dataset, VarTensor, distributed_world
+from fastdata.dataset import (
+    Dataset,
+    OnError,
+    SkippedBatch,
+    VarTensor,
+    check_on_error,
+    distributed_world,
+)
 from fastdata.errors import ConfigError
 from fastdata.plan import EpochPlan, PlanConfig, PlanState
 
@@ -76,6 +83,10 @@ class LoaderStats:
     """``Store.stats()`` of this process (threads only): requests, bytes, retries."""
     dropped_samples: int
     """Samples of the epoch no rank reads (the documented tail, see docs/plan.md)."""
+    skipped_samples: int = 0
+    """Samples of this epoch left out under ``on_error="skip"`` (NOTE[bad-samples]);
+    counted in this process (threads), so with worker processes it counts only
+    batches lost whole."""
 
 
 class _WorkerStream(IterableDataset[Any]):
@@ -95,8 +106,10 @@ class _WorkerStream(IterableDataset[Any]):
         world: tuple[int, int],
         collate_fn: Callable[[list[Any]], Any] | None,
         unbatch: bool,
+        on_error: OnError | None = None,
     ) -> None:
         self.dataset = dataset
+        self.on_error = on_error
         self.unbatch = unbatch
         self.plan_config = plan_config
         self.epoch = epoch
@@ -123,6 +136,7 @@ class _WorkerStream(IterableDataset[Any]):
             collate_fn=self.collate_fn,
             unbatch=self.unbatch,
             group=self.dataset.plan_config.batch_size if self.unbatch else 1,
+            on_error=self.on_error,
         ) as batches:
             yield from _flatten(batches) if self.unbatch else batches
 
@@ -148,6 +162,8 @@ class DataLoader:
             without a process group).
         metrics_port: Serve ``stats()`` as Prometheus metrics on 127.0.0.1 at this port
             (needs the ``metrics`` extra: ``pip install 'fastdata[metrics]'``).
+        on_error: ``"raise"`` or ``"skip"`` for samples that fail to read or transform
+            (NOTE[bad-samples]); ``None`` keeps the dataset's.
 
     Raises:
         ConfigError: A bad argument.
@@ -182,8 +198,10 @@ class DataLoader:
         world_size: int | None = None,
         rank: int | None = None,
         metrics_port: int | None = None,
+        on_error: OnError | None = None,
     ) -> None:
         self.dataset = dataset
+        self.on_error = check_on_error(on_error) if on_error is not None else None
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.collate_fn = collate_fn
@@ -206,6 +224,7 @@ class DataLoader:
         if not isinstance(dataset, Dataset):
             extras = {"device": device, "world_size": world_size, "rank": rank}
             extras["metrics_port"] = metrics_port
+            extras["on_error"] = on_error
             given = sorted(k for k, v in extras.items() if v is not None)
             if given:
                 raise ConfigError(
@@ -342,6 +361,7 @@ class DataLoader:
                 world=(self.world_size, self.rank),
                 collate_fn=self.collate_fn,
                 unbatch=self.batch_size is None,
+                on_error=self.on_error,
             )
             kwargs = {k: v for k, v in self._torch_kwargs.items() if v is not None}
             kwargs.setdefault("multiprocessing_context", _worker_context(stream, kwargs))
@@ -362,6 +382,7 @@ class DataLoader:
             collate_fn=self.collate_fn,
             unbatch=unbatch,
             group=self.dataset.plan_config.batch_size if unbatch else 1,
+            on_error=self.on_error,
         )
         self._prefetcher = prefetcher
         return _flatten(prefetcher) if unbatch else prefetcher
@@ -375,6 +396,11 @@ class DataLoader:
                     batch = next(source)
                 except StopIteration:
                     return
+                if isinstance(batch, SkippedBatch):
+                    # NOTE[bad-samples]: a consumed step with nothing to hand out.
+                    self._steps += 1
+                    self._skipped_whole += max(1, len(batch.sample_ids))
+                    continue
                 now = time.perf_counter()
                 wait = now - before
                 self._wait_total += wait
@@ -390,6 +416,10 @@ class DataLoader:
                 close()
 
     def _reset_timing(self) -> None:
+        self._skipped_whole = 0
+        self._skipped_at_start = (
+            self.dataset.skipped_samples if isinstance(self.dataset, Dataset) else 0
+        )
         self._started_s = 0.0
         self._last_s = 0.0
         self._wait_total = 0.0
@@ -506,6 +536,11 @@ class DataLoader:
             cache=cache,
             store=store,
             dropped_samples=plan.dropped_samples if plan is not None else 0,
+            skipped_samples=(
+                self.dataset.skipped_samples - self._skipped_at_start
+                if self.num_workers == 0
+                else self._skipped_whole
+            ),
         )
 
     def close(self) -> None:
