@@ -25,6 +25,7 @@ from fastdata.store import ByteRange, ObjectInfo, Store
 if TYPE_CHECKING:
     from fastdata.dataset import Dataset, VarTensor
     from fastdata.loader import DataLoader, LoaderStats
+    from fastdata.tokens import TokenDataset
 
 __version__ = "0.1.0"
 
@@ -34,6 +35,7 @@ _LAZY = {
     "DataLoader": "fastdata.loader",
     "Dataset": "fastdata.dataset",
     "LoaderStats": "fastdata.loader",
+    "TokenDataset": "fastdata.tokens",
     "VarTensor": "fastdata.dataset",
 }
 
@@ -68,6 +70,7 @@ __all__ = [
     "Store",
     "StoreConfig",
     "StoreError",
+    "TokenDataset",
     "VarTensor",
     "__version__",
 ]

@@ -20,18 +20,32 @@ Two ways to iterate:
 NOTE[dataset-runtime]: the runtime records the PID that opened it. A process that finds
 a runtime of another PID (a forked worker) drops it without closing it (the parent owns
 those handles) and opens its own, lazily. ``__getstate__`` never carries it.
+
+NOTE[bad-samples]: an error raised while reading (``CorruptRecordError`` from a record or
+a layout's decoder) or transforming one sample gets a note (``add_note``; its type is
+kept) naming the sample id and where it lives (:meth:`Dataset.where`). With
+``on_error="skip"`` the sample is logged, counted (``Dataset.skipped_samples``, per
+process; ``LoaderStats.skipped_samples``) and left out of its batch. A planned batch (or,
+with ``batch_size=None``, a planned sample) that loses every sample becomes a
+:class:`SkippedBatch`, which the loader counts as a consumed step without handing it out,
+so ``state_dict()`` cursors stay exact and a resumed run never reads a skipped sample
+again. Errors that are not one sample's (the store, the cache, a bad argument) always
+raise.
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
+import copy
 import itertools
 import logging
+import multiprocessing.reduction
 import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -41,14 +55,22 @@ from fastdata import record
 from fastdata.cache import ReadThroughCache, default_tiers
 from fastdata.cache.tier import reset_in_forked_child
 from fastdata.config import CacheConfig, FastdataConfig, parse_size
-from fastdata.errors import ConfigError
+from fastdata.errors import ConfigError, CorruptRecordError
 from fastdata.index import SampleIndex
 from fastdata.plan import EpochOrder, EpochPlan, PlanConfig, ShuffleMode
 from fastdata.prefetch import BufferPool, Prefetcher
 from fastdata.spec import DatasetSpec, epoch_order
 from fastdata.store import Store
 
-__all__ = ["Batch", "Dataset", "VarTensor", "close_open_datasets", "split_batch"]
+__all__ = [
+    "Batch",
+    "Dataset",
+    "OnError",
+    "SkippedBatch",
+    "VarTensor",
+    "close_open_datasets",
+    "split_batch",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -56,38 +78,232 @@ ID_KEY = "__id__"
 """Batch and sample key holding the sample ids (int64)."""
 
 
-class VarTensor(NamedTuple):
-    """A variable-length field of a batch: sample ``i`` is ``values[offsets[i]:offsets[i+1]]``.
+class VarTensor:
+    """A variable-length field of a batch: a sequence of its samples.
 
-    ``values`` holds every sample's elements back to back (``uint8`` for bytes and str
-    fields), ``offsets`` is int64 of length N + 1. It is a NamedTuple so that torch's
-    ``pin_memory`` and ``default_convert`` handle it like any tuple of tensors.
+    ``len(v)`` is the number of samples, ``v[i]`` is sample ``i`` (``bytes`` for a bytes
+    field, ``str`` for a str field, a tensor view shaped like the sample for an array
+    field), ``v[a:b]`` is a ``VarTensor`` of those samples, and iterating yields the
+    samples. Zero-copy users read ``values`` (every sample's elements back to back,
+    ``uint8`` for bytes and str fields) and ``offsets`` (int64, N + 1 entries: sample
+    ``i`` is ``values[offsets[i]:offsets[i+1]]``) directly.
+
+    Whether a field is a ``VarTensor`` is decided by the dataset's schema when the index
+    is built (NOTE[field-kinds]), never by the lengths in one batch.
+
+    ``torch.save`` writes it as a plain ``OrderedDict`` of tensors (``values``,
+    ``offsets``, ``shapes``, ``kind``), so a saved batch loads with
+    ``torch.load(weights_only=True)``; :meth:`from_dict` turns that back into a
+    ``VarTensor``. Between DataLoader worker processes it travels as itself.
     """
 
+    __slots__ = ("kind", "offsets", "shapes", "values")
+
     values: torch.Tensor
-    """Every sample's elements, back to back."""
     offsets: torch.Tensor
-    """int64, N + 1 entries, in elements of ``values``."""
-    kind: str = "bytes"
-    """What a sample is: ``"bytes"``, ``"str"`` (UTF-8 in ``values``) or ``"array"``."""
+    shapes: torch.Tensor | None
+    kind: str
+
+    def __init__(
+        self,
+        values: torch.Tensor,
+        offsets: torch.Tensor,
+        kind: str = "bytes",
+        shapes: torch.Tensor | None = None,
+    ) -> None:
+        if kind not in ("bytes", "str", "array"):
+            raise ConfigError(f"VarTensor kind must be 'bytes', 'str' or 'array', not {kind!r}")
+        self.values = values
+        """Every sample's elements, back to back."""
+        self.offsets = offsets
+        """int64, N + 1 entries, in elements of ``values``."""
+        self.kind = kind
+        """What a sample is: ``"bytes"``, ``"str"`` (UTF-8 in ``values``) or ``"array"``."""
+        self.shapes = shapes
+        """int64 ``[N, ndim]``: each sample's shape (array fields), else ``None``."""
+
+    # -- a sequence of samples ---------------------------------------------------------
+
+    def __len__(self) -> int:
+        return max(0, int(self.offsets.shape[0]) - 1)
+
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return self._slice(i)
+        if not isinstance(i, int | np.integer) or isinstance(i, bool):
+            raise TypeError(f"VarTensor indices must be int or slice, not {type(i).__name__}")
+        n = len(self)
+        j = int(i) + n if i < 0 else int(i)
+        if not 0 <= j < n:
+            raise IndexError(f"sample {i} out of range for a VarTensor of {n} samples")
+        part = self.item(j)
+        if self.kind == "array":
+            return part if self.shapes is None else part.reshape(self.shapes[j].tolist())
+        raw = part.cpu().numpy().tobytes()
+        return raw.decode("utf-8") if self.kind == "str" else raw
+
+    def __iter__(self) -> Iterator[Any]:
+        for i in range(len(self)):
+            yield self[i]
+
+    def _slice(self, which: slice) -> VarTensor:
+        start, stop, step = which.indices(len(self))
+        if step != 1:
+            raise IndexError("VarTensor slices must be contiguous (step 1)")
+        stop = max(start, stop)
+        offsets = self.offsets[start : stop + 1]
+        first = int(offsets[0]) if len(offsets) else 0
+        last = int(offsets[-1]) if len(offsets) else 0
+        shapes = self.shapes[start:stop] if self.shapes is not None else None
+        values = self.values[first:last]
+        return VarTensor(values, offsets - first if len(offsets) else offsets, self.kind, shapes)
+
+    def __repr__(self) -> str:
+        return (
+            f"VarTensor({len(self)} samples, kind={self.kind!r}, values={self.values.dtype} "
+            f"x {int(self.values.numel())}, device={self.values.device})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, VarTensor):
+            return NotImplemented
+        same_shapes = (self.shapes is None) == (other.shapes is None) and (
+            self.shapes is None
+            or other.shapes is None
+            or torch.equal(self.shapes.cpu(), other.shapes.cpu())
+        )
+        return (
+            self.kind == other.kind
+            and same_shapes
+            and torch.equal(self.offsets.cpu(), other.offsets.cpu())
+            and torch.equal(self.values.cpu(), other.values.cpu())
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable tensors inside, like Tensor lists
 
     def item(self, i: int) -> torch.Tensor:
-        """The elements of sample ``i`` (a view)."""
+        """The flat elements of sample ``i`` (a view of ``values``)."""
         start, end = int(self.offsets[i]), int(self.offsets[i + 1])
         return self.values[start:end]
 
-    def tolist(self) -> list[bytes]:
-        """Each sample's bytes (copies)."""
-        raw = self.values.numpy().tobytes()
-        bounds = self.offsets.tolist()
+    def tolist(self) -> list[Any]:
+        """Each sample as ``v[i]`` gives it: ``bytes``, ``str``, or a tensor (arrays)."""
+        if self.kind == "array":
+            return list(self)
+        raw = self.values.cpu().numpy().tobytes()
         size = self.values.element_size()
-        return [raw[a * size : b * size] for a, b in itertools.pairwise(bounds)]
+        parts = [raw[a * size : b * size] for a, b in itertools.pairwise(self.offsets.tolist())]
+        return [p.decode("utf-8") for p in parts] if self.kind == "str" else parts
+
+    # -- tensors -----------------------------------------------------------------------
 
     def to(self, *args: Any, **kwargs: Any) -> VarTensor:
-        """Both tensors moved or cast like ``Tensor.to``."""
-        return VarTensor(
-            self.values.to(*args, **kwargs), self.offsets.to(*args, **kwargs), self.kind
+        """``values`` moved or cast like ``Tensor.to``; ``offsets`` and ``shapes`` moved
+        (never cast: they stay int64)."""
+        values = self.values.to(*args, **kwargs)
+        device = values.device
+        non_blocking = bool(kwargs.get("non_blocking", False))
+        offsets = self.offsets.to(device, non_blocking=non_blocking)
+        shapes = (
+            self.shapes.to(device, non_blocking=non_blocking) if self.shapes is not None else None
         )
+        return VarTensor(values, offsets, self.kind, shapes)
+
+    def pin_memory(self, device: Any = None) -> VarTensor:
+        """Both tensors in pinned memory (what torch's ``pin_memory`` calls)."""
+        shapes = self.shapes.pin_memory() if self.shapes is not None else None
+        return VarTensor(self.values.pin_memory(), self.offsets.pin_memory(), self.kind, shapes)
+
+    def record_stream(self, stream: Any) -> None:
+        """``Tensor.record_stream`` on every tensor (CUDA copies on a side stream)."""
+        for t in (self.values, self.offsets, self.shapes):
+            if t is not None:
+                t.record_stream(stream)
+
+    # -- saving ------------------------------------------------------------------------
+
+    def to_dict(self) -> collections.OrderedDict[str, Any]:
+        """The plain form ``torch.save`` writes (tensors, a str, maybe ``None``)."""
+        return collections.OrderedDict(
+            values=self.values, offsets=self.offsets, kind=self.kind, shapes=self.shapes
+        )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> VarTensor:
+        """A ``VarTensor`` from :meth:`to_dict` (a batch loaded with ``weights_only``)."""
+        try:
+            return cls(data["values"], data["offsets"], data["kind"], data.get("shapes"))
+        except (KeyError, TypeError) as exc:
+            raise ConfigError(f"not a saved VarTensor: {data!r:.200}") from exc
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # NOTE[vartensor-save]: the plain form, so that torch.load(weights_only=True)
+        # (which allows OrderedDict and tensors, not our class) reads a saved batch.
+        # Worker processes use the ForkingPickler reducer registered below instead.
+        return (collections.OrderedDict, (list(self.to_dict().items()),))
+
+    def __copy__(self) -> VarTensor:
+        return VarTensor(self.values, self.offsets, self.kind, self.shapes)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> VarTensor:
+        return VarTensor(
+            copy.deepcopy(self.values, memo),
+            copy.deepcopy(self.offsets, memo),
+            self.kind,
+            copy.deepcopy(self.shapes, memo),
+        )
+
+
+def _rebuild_var_tensor(
+    values: torch.Tensor, offsets: torch.Tensor, kind: str, shapes: torch.Tensor | None
+) -> VarTensor:
+    return VarTensor(values, offsets, kind, shapes)
+
+
+def _reduce_var_tensor(v: VarTensor) -> tuple[Any, ...]:
+    return (_rebuild_var_tensor, (v.values, v.offsets, v.kind, v.shapes))
+
+
+# NOTE[vartensor-save]: between processes (DataLoader workers) a VarTensor stays itself,
+# its tensors shared through torch's own reducers.
+multiprocessing.reduction.ForkingPickler.register(VarTensor, _reduce_var_tensor)
+
+
+OnError = Literal["raise", "skip"]
+"""What a sample that cannot be read or transformed does (NOTE[bad-samples])."""
+
+
+def check_on_error(on_error: object) -> OnError:
+    """``on_error`` checked: ``"raise"`` or ``"skip"``.
+
+    Raises:
+        ConfigError: Anything else.
+    """
+    if on_error == "raise":
+        return "raise"
+    if on_error == "skip":
+        return "skip"
+    raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+
+
+class SkippedBatch:
+    """What a fetch yields for a planned batch (or, with ``batch_size=None``, a planned
+    sample) whose every sample was skipped under ``on_error="skip"``.
+
+    ``fastdata.DataLoader`` counts it as a consumed step and hands nothing out, so
+    ``state_dict()`` stays exact (NOTE[bad-samples]).
+    """
+
+    __slots__ = ("sample_ids",)
+
+    def __init__(self, sample_ids: Sequence[int]) -> None:
+        self.sample_ids = [int(i) for i in sample_ids]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (SkippedBatch, (self.sample_ids,))
+
+    def __repr__(self) -> str:
+        return f"SkippedBatch({self.sample_ids})"
 
 
 Batch = dict[str, Any]
@@ -96,8 +312,9 @@ Batch = dict[str, Any]
 
 def _to_torch(value: Any) -> Any:
     if isinstance(value, record.VarBatch):
+        shapes = torch.from_numpy(value.shapes) if value.shapes is not None else None
         return VarTensor(
-            torch.from_numpy(value.values), torch.from_numpy(value.offsets), value.kind
+            torch.from_numpy(value.values), torch.from_numpy(value.offsets), value.kind, shapes
         )
     return torch.from_numpy(value)
 
@@ -106,8 +323,8 @@ def split_batch(batch: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Split a gathered batch into per-sample dicts (views where the field is a tensor).
 
     Variable-length bytes fields become ``bytes``, str fields ``str``, scalar int and
-    bool fields (labels) Python ``int``/``bool``, and variable-shape arrays 1-D tensors
-    (flattened).
+    bool fields (labels) Python ``int``/``bool``, and variable-shape arrays tensors of the
+    sample's shape.
 
     Args:
         batch: A batch from :meth:`Dataset.fetch_batch`.
@@ -122,13 +339,8 @@ def split_batch(batch: Mapping[str, Any]) -> list[dict[str, Any]]:
         if name == ID_KEY:
             continue
         if isinstance(value, VarTensor):
-            if value.kind in ("bytes", "str"):
-                parts = value.tolist()
-                for sample, part in zip(samples, parts, strict=True):
-                    sample[name] = part.decode("utf-8") if value.kind == "str" else part
-            else:
-                for i, sample in enumerate(samples):
-                    sample[name] = value.item(i)
+            for sample, part in zip(samples, value.tolist(), strict=True):
+                sample[name] = part
         elif value.ndim == 1 and not value.is_floating_point() and not value.is_complex():
             # Scalar ints (labels) as Python ints, as a map-style dataset would give them.
             for sample, item in zip(samples, value.tolist(), strict=True):
@@ -192,6 +404,11 @@ class Dataset(IterableDataset[Any]):
         layout_options: Layout options (``labels=True`` for ImageFolder labels, ...).
         window_samples: The shuffle window of ``"shard_window"`` and of the row-group walk
             of ``shuffle=True`` over Parquet, in samples (docs/plan.md).
+        on_error: What a sample that cannot be read or transformed does
+            (NOTE[bad-samples]): ``"raise"`` (default) raises the error, its type kept,
+            with a note naming the sample id and where it lives (object key, byte range,
+            row or member count); ``"skip"`` logs it, counts it
+            (:attr:`skipped_samples`) and leaves it out of its batch.
 
     Raises:
         ConfigError: A bad argument, or nothing to read at ``url``.
@@ -218,10 +435,12 @@ class Dataset(IterableDataset[Any]):
         config: FastdataConfig | None = None,
         layout_options: Mapping[str, Any] | None = None,
         window_samples: int = PlanConfig.window_samples,
+        on_error: OnError = "raise",
     ) -> None:
         super().__init__()
         if transform is not None and not callable(transform):
             raise ConfigError(f"transform must be callable, got {transform!r}")
+        self.on_error: OnError = check_on_error(on_error)
         self.spec = DatasetSpec(
             url,
             layout=layout,
@@ -244,6 +463,8 @@ class Dataset(IterableDataset[Any]):
         self.index: SampleIndex = self.spec.open(
             self.spec.store(self.config.store), self.config.cache.resolved_dir()
         )
+        self.field_kinds: dict[str, str] = self.index.field_kinds
+        """NOTE[field-kinds]: each field's kind from the schema (``SampleIndex.field_kinds``)."""
         self.epoch = 0
         self._runtime: _Runtime | None = None
         self._reset()
@@ -253,7 +474,7 @@ class Dataset(IterableDataset[Any]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_runtime", "_runtime_lock", "_prefetchers"):
+        for name in ("_runtime", "_runtime_lock", "_prefetchers", "_skipped"):
             state[name] = None
         return state
 
@@ -263,11 +484,13 @@ class Dataset(IterableDataset[Any]):
         reset_in_forked_child(self)
 
     def _reset(self) -> None:
-        """A new lock and no prefetchers: at construction, unpickling, and in every forked
-        child, where the parent's lock may have been held by one of its threads at the fork
-        and none of the parent's prefetchers run (``reset_in_forked_child``)."""
+        """A new lock, no prefetchers and no skip counts: at construction, unpickling, and
+        in every forked child, where the parent's lock may have been held by one of its
+        threads at the fork and none of the parent's prefetchers run
+        (``reset_in_forked_child``)."""
         self._runtime_lock = threading.Lock()
         self._prefetchers: weakref.WeakSet[Prefetcher[np.ndarray, Any]] = weakref.WeakSet()
+        self._skipped: list[int] = []
 
     def runtime(self) -> _Runtime:
         """This process's store, cache and pool, opened on first use."""
@@ -356,46 +579,148 @@ class Dataset(IterableDataset[Any]):
 
     # -- batches -------------------------------------------------------------------------
 
-    def fetch_batch(self, sample_ids: np.ndarray) -> Batch:
+    def fetch_batch(self, sample_ids: np.ndarray, *, on_error: OnError | None = None) -> Batch:
         """Read and gather one batch: one cache call, one gather per field into a pool buffer.
 
         Args:
             sample_ids: The batch's sample ids, in order.
+            on_error: Overrides the dataset's ``on_error`` for this call.
 
         Returns:
-            ``field -> Tensor | VarTensor`` plus ``"__id__"``.
+            ``field -> Tensor | VarTensor`` plus ``"__id__"``; with ``on_error="skip"``
+            the samples that failed to decode are left out (``"__id__"`` says which
+            remain), and a batch that loses every sample is a :class:`SkippedBatch`.
 
         Raises:
-            CorruptRecordError: A sample's bytes are malformed (names the sample).
+            CorruptRecordError: A sample's bytes are malformed (names the sample and,
+                in a note, its object; NOTE[bad-samples]).
             StoreError: The store failed after retries.
         """
+        policy = self.on_error if on_error is None else check_on_error(on_error)
         runtime = self.runtime()
-        # Checksums in the gather's pass; corrupt cache entries refetched (NOTE[deferred-verify]).
-        arrays = runtime.cache.collate_many(
-            sample_ids, fields=self.fields, alloc=runtime.pool.acquire
-        )
+        ids = np.asarray(sample_ids, dtype=np.int64)
+        skipped: list[int] = []
+        while True:
+            try:
+                # Checksums in the gather's pass; corrupt cache entries refetched
+                # (NOTE[deferred-verify]).
+                arrays = runtime.cache.collate_many(
+                    ids, fields=self.fields, alloc=runtime.pool.acquire, variable=self._variable()
+                )
+                break
+            except CorruptRecordError as exc:
+                bad = exc.sample_id
+                if bad is None or not bool((ids == bad).any()):
+                    raise
+                self.note_sample(exc, bad, "reading")
+                if policy == "raise":
+                    raise
+                self._skip(bad, exc)
+                skipped.append(bad)
+                ids = ids[ids != bad]  # each pass drops one id, so this loop ends
+                if len(ids) == 0:
+                    return SkippedBatch(skipped)  # type: ignore[return-value]
         batch: Batch = {name: _to_torch(value) for name, value in arrays.items()}
-        for name, values in self.index.index_fields(sample_ids).items():
+        for name, values in self.index.index_fields(ids).items():
             if self.fields is None or name in self.fields:
                 batch[name] = torch.from_numpy(values)
-        batch[ID_KEY] = torch.from_numpy(np.array(sample_ids, dtype=np.int64))
+        batch[ID_KEY] = torch.from_numpy(np.array(ids, dtype=np.int64))
         return batch
 
+    # -- bad samples (NOTE[bad-samples]) -------------------------------------------------
+
+    def where(self, sample_id: int) -> str:
+        """Sample ``sample_id`` and where it lives: object key, byte range, and the row
+        (Parquet) or member count (tar) that the layout keeps."""
+        row = self.index.locations([sample_id])[0]
+        where = f"sample {sample_id} ({self.index.describe(sample_id)}"
+        if self.index.layout.name == "parquet":
+            where += f", row {int(row['aux'])} of the row group at byte {int(row['offset'])}"
+        elif self.index.layout.name == "tar":
+            where += f", a tar sample of {int(row['aux'])} member(s)"
+        return where + ")"
+
+    def note_sample(self, exc: BaseException, sample_id: int, what: str) -> None:
+        """Add a note naming the sample to ``exc`` (its type is kept)."""
+        try:
+            place = self.where(sample_id)
+        except Exception:  # the note must never hide the error itself
+            place = f"sample {sample_id}"
+        exc.add_note(f"fastdata: raised while {what} {place}")
+
+    def _skip(self, sample_id: int, exc: BaseException) -> None:
+        with self._runtime_lock:
+            self._skipped.append(int(sample_id))
+        logger.warning(
+            "skipping %s (on_error='skip'): %s: %s",
+            self.where(sample_id),
+            type(exc).__name__,
+            exc,
+        )
+
+    @property
+    def skipped_samples(self) -> int:
+        """Samples this process left out under ``on_error="skip"`` (all epochs)."""
+        return len(self._skipped)
+
+    def skipped_ids(self) -> list[int]:
+        """The ids this process skipped, in the order they were skipped."""
+        with self._runtime_lock:
+            return list(self._skipped)
+
+    def _variable(self) -> list[str]:
+        """The array fields the schema calls variable-length (NOTE[field-kinds])."""
+        return [name for name, kind in self.field_kinds.items() if kind == "var"]
+
     def _make_fetch(
-        self, collate_fn: Callable[[list[Any]], Any] | None, *, unbatch: bool
+        self,
+        collate_fn: Callable[[list[Any]], Any] | None,
+        *,
+        unbatch: bool,
+        on_error: OnError | None = None,
     ) -> Callable[[np.ndarray], Any]:
         transform = self.transform
+        policy = self.on_error if on_error is None else check_on_error(on_error)
         if transform is None and collate_fn is None and not unbatch:
-            return self.fetch_batch
+            return lambda sample_ids: self.fetch_batch(sample_ids, on_error=policy)
 
         def samples_of(sample_ids: np.ndarray) -> list[Any]:
-            samples = split_batch(self.fetch_batch(sample_ids))
-            return [transform(s) for s in samples] if transform is not None else samples
+            batch = self.fetch_batch(sample_ids, on_error=policy)
+            if isinstance(batch, SkippedBatch):
+                return [batch] if unbatch else []
+            samples = split_batch(batch)
+            out: list[Any]
+            if transform is None:
+                out = list(samples)
+            else:
+                out = []
+                for sample in samples:
+                    try:
+                        out.append(transform(sample))
+                    except Exception as exc:
+                        sample_id = sample[ID_KEY]
+                        self.note_sample(exc, sample_id, "transforming")
+                        if policy == "raise":
+                            raise
+                        self._skip(sample_id, exc)
+                        if unbatch:  # keeps one item per planned step (NOTE[bad-samples])
+                            out.append(SkippedBatch([sample_id]))
+            if unbatch:
+                missing = len(sample_ids) - len(out)
+                out.extend(SkippedBatch([]) for _ in range(missing))
+            return out
 
         if unbatch:
             return samples_of
         collate = collate_fn or torch.utils.data.default_collate
-        return lambda sample_ids: collate(samples_of(sample_ids))
+
+        def collated(sample_ids: np.ndarray) -> Any:
+            samples = samples_of(sample_ids)
+            if not samples:
+                return SkippedBatch([int(i) for i in sample_ids])
+            return collate(samples)
+
+        return collated
 
     def prefetch(
         self,
@@ -406,6 +731,7 @@ class Dataset(IterableDataset[Any]):
         collate_fn: Callable[[list[Any]], Any] | None = None,
         unbatch: bool = False,
         group: int = 1,
+        on_error: OnError | None = None,
     ) -> Prefetcher[np.ndarray, Any]:
         """Start background threads that fetch one consumer's batches of an epoch plan.
 
@@ -420,6 +746,7 @@ class Dataset(IterableDataset[Any]):
             group: Fetch this many consecutive planned batches together (with a plan of
                 one-sample batches, ``unbatch`` and ``group=64`` read 64 samples per
                 cache call yet keep a per-sample cursor).
+            on_error: Overrides the dataset's ``on_error`` (NOTE[bad-samples]).
 
         Returns:
             An iterator of batches (or sample lists) in plan order; close it (or use
@@ -435,7 +762,7 @@ class Dataset(IterableDataset[Any]):
             batches = _grouped(batches, group)
         prefetcher = Prefetcher(
             batches,
-            self._make_fetch(collate_fn, unbatch=unbatch),
+            self._make_fetch(collate_fn, unbatch=unbatch, on_error=on_error),
             config=self.config.prefetch,
             hint=hint,
         )
@@ -452,7 +779,7 @@ class Dataset(IterableDataset[Any]):
             plan, worker_id=worker_id, num_workers=num_workers, unbatch=True
         ) as sample_lists:
             for samples in sample_lists:
-                yield from samples
+                yield from (s for s in samples if not isinstance(s, SkippedBatch))
 
 
 _OPEN: weakref.WeakSet[Dataset] = weakref.WeakSet()

@@ -224,6 +224,35 @@ class SampleIndex:
         found = self._table.meta.get("layout_meta", {}).get("classes")
         return list(found) if found is not None else None
 
+    @property
+    def field_kinds(self) -> dict[str, str]:
+        """NOTE[field-kinds]: what each field of a sample is, decided when the index was
+        built, never by a batch: ``"bytes"``, ``"str"``, ``"scalar"``, ``"fixed"`` (an
+        array of one shape in every sample) or ``"var"`` (an array whose shape varies).
+
+        A ``"*"`` entry gives the kind of every field not named (tar members). Fields
+        absent here (arrays of packed records, whose shards carry no schema) are
+        decided per batch: ``[N, *shape]`` when the shapes agree.
+        """
+        saved = self._table.meta.get("layout_meta", {}).get("field_kinds")
+        if saved is None and self.layout.name == "parquet":  # an index saved before kinds
+            table = self._table
+            infos = [table.object_info(i) for i in range(table.object_count)]
+            extras = [table.extra(i) for i in range(table.object_count)]
+            saved = self.layout._field_kinds(infos, extras)  # type: ignore[attr-defined]
+            table.meta.setdefault("layout_meta", {})["field_kinds"] = saved
+        kinds: dict[str, str] = dict(saved) if saved is not None else {}
+        options = self.layout.options()
+        if self.layout.name == "files":
+            kinds.setdefault("data", "bytes")
+            if options.get("labels"):
+                kinds.setdefault("label", "scalar")
+        elif self.layout.name == "tar":
+            kinds.setdefault("*", "bytes")
+            if options.get("decode_cls"):
+                kinds.setdefault("cls", "scalar")
+        return kinds
+
     def object_info(self, i: int) -> ObjectInfo:
         """Source object ``i`` as listed when the index was built."""
         if not 0 <= i < self.object_count:

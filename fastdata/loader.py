@@ -43,7 +43,15 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata import _workers
-from fastdata.dataset import Dataset, VarTensor, close_open_datasets, distributed_world
+from fastdata.dataset import (
+    Dataset,
+    OnError,
+    SkippedBatch,
+    VarTensor,
+    check_on_error,
+    close_open_datasets,
+    distributed_world,
+)
 from fastdata.errors import ConfigError
 from fastdata.plan import EpochPlan, PlanConfig, PlanState
 
@@ -88,6 +96,10 @@ class LoaderStats:
     """``Store.stats()`` of this process (or the workers' added up): requests, bytes."""
     dropped_samples: int
     """Samples of the epoch no rank reads (the documented tail, see docs/plan.md)."""
+    skipped_samples: int = 0
+    """Samples of this epoch left out under ``on_error="skip"`` (NOTE[bad-samples]);
+    counted in this process (threads), so with worker processes it counts only
+    batches lost whole."""
 
 
 class _WorkerStream(IterableDataset[Any]):
@@ -110,8 +122,10 @@ class _WorkerStream(IterableDataset[Any]):
         world: tuple[int, int],
         collate_fn: Callable[[list[Any]], Any] | None,
         unbatch: bool,
+        on_error: OnError | None = None,
     ) -> None:
         self.dataset = dataset
+        self.on_error = on_error
         self.unbatch = unbatch
         self.plan_config = plan_config
         self.position = position
@@ -139,6 +153,7 @@ class _WorkerStream(IterableDataset[Any]):
                 collate_fn=self.collate_fn,
                 unbatch=self.unbatch,
                 group=dataset.plan_config.batch_size if self.unbatch else 1,
+                on_error=self.on_error,
             ) as batches:
                 for item in _flatten(batches) if self.unbatch else batches:
                     self.slots.publish(worker_id, lambda: _process_stats(dataset))
@@ -192,6 +207,8 @@ class DataLoader:
             without a process group).
         metrics_port: Serve ``stats()`` as Prometheus metrics on 127.0.0.1 at this port
             (needs the ``metrics`` extra: ``pip install 'fastdata[metrics]'``).
+        on_error: ``"raise"`` or ``"skip"`` for samples that fail to read or transform
+            (NOTE[bad-samples]); ``None`` keeps the dataset's.
 
     Raises:
         ConfigError: A bad argument.
@@ -226,8 +243,10 @@ class DataLoader:
         world_size: int | None = None,
         rank: int | None = None,
         metrics_port: int | None = None,
+        on_error: OnError | None = None,
     ) -> None:
         self.dataset = dataset
+        self.on_error = check_on_error(on_error) if on_error is not None else None
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.collate_fn = collate_fn
@@ -250,6 +269,7 @@ class DataLoader:
         if not isinstance(dataset, Dataset):
             extras = {"device": device, "world_size": world_size, "rank": rank}
             extras["metrics_port"] = metrics_port
+            extras["on_error"] = on_error
             given = sorted(k for k, v in extras.items() if v is not None)
             if given:
                 raise ConfigError(
@@ -466,6 +486,7 @@ class DataLoader:
             world=(self.world_size, self.rank),
             collate_fn=self.collate_fn,
             unbatch=self.batch_size is None,
+            on_error=self.on_error,
         )
         kwargs["multiprocessing_context"] = context
         kwargs["persistent_workers"] = self._persistent
@@ -494,6 +515,7 @@ class DataLoader:
             collate_fn=self.collate_fn,
             unbatch=unbatch,
             group=self.dataset.plan_config.batch_size if unbatch else 1,
+            on_error=self.on_error,
         )
         self._prefetcher = prefetcher
         return _flatten(prefetcher) if unbatch else prefetcher
@@ -507,6 +529,11 @@ class DataLoader:
                     batch = next(source)
                 except StopIteration:
                     return
+                if isinstance(batch, SkippedBatch):
+                    # NOTE[bad-samples]: a consumed step with nothing to hand out.
+                    self._steps += 1
+                    self._skipped_whole += max(1, len(batch.sample_ids))
+                    continue
                 now = time.perf_counter()
                 wait = now - before
                 self._wait_total += wait
@@ -522,6 +549,10 @@ class DataLoader:
                 close()
 
     def _reset_timing(self) -> None:
+        self._skipped_whole = 0
+        self._skipped_at_start = (
+            self.dataset.skipped_samples if isinstance(self.dataset, Dataset) else 0
+        )
         self._started_s = 0.0
         self._last_s = 0.0
         self._wait_total = 0.0
@@ -638,6 +669,11 @@ class DataLoader:
             cache=cache,
             store=store,
             dropped_samples=plan.dropped_samples if plan is not None else 0,
+            skipped_samples=(
+                self.dataset.skipped_samples - self._skipped_at_start
+                if self.num_workers == 0
+                else self._skipped_whole
+            ),
         )
 
     def close(self) -> None:
@@ -780,12 +816,12 @@ def _finish(pending: tuple[Any, torch.cuda.Event, Any]) -> Any:
 
 
 def _record_stream(value: Any, stream: torch.cuda.Stream) -> None:
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, torch.Tensor | VarTensor):
         value.record_stream(stream)
     elif isinstance(value, dict):
         for item in value.values():
             _record_stream(item, stream)
-    elif isinstance(value, list | tuple):  # VarTensor is a tuple
+    elif isinstance(value, list | tuple):
         for item in value:
             _record_stream(item, stream)
 

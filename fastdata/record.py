@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -463,7 +463,12 @@ def _describe(row: np.ndarray) -> str:
 
 
 def _plan(
-    name: str, sel: np.ndarray, records: np.ndarray, count: int, ids: Sequence[int] | None
+    name: str,
+    sel: np.ndarray,
+    records: np.ndarray,
+    count: int,
+    ids: Sequence[int] | None,
+    variable: bool = False,
 ) -> _FieldPlan:
     """Check that every record has the field with one kind, dtype and ndim; size it."""
     if len(sel) != count:
@@ -490,7 +495,11 @@ def _plan(
     kind, ndim = int(first[1]), int(first[4])
     dtype = _DTYPES[int(first[2])]
     shapes = sel[:, 8 : 8 + ndim]
-    fixed = kind == KIND_SCALAR or (kind == KIND_ARRAY and bool((shapes == shapes[0]).all()))
+    # NOTE[field-kinds]: a field the schema calls variable stays a VarBatch even when
+    # every record of this batch happens to have the same shape.
+    fixed = kind == KIND_SCALAR or (
+        kind == KIND_ARRAY and not variable and bool((shapes == shapes[0]).all())
+    )
     shape = tuple(int(d) for d in shapes[0]) if fixed else None
     varshapes = shapes.copy() if kind == KIND_ARRAY and not fixed else None
     raw = sel[:, 7]
@@ -541,6 +550,7 @@ def collate(
     alloc: Callable[[int], Any] = aligned_empty,
     verify: bool = False,
     sample_ids: Sequence[int] | None = None,
+    variable: Collection[str] = (),
 ) -> dict[str, np.ndarray | VarBatch]:
     """Gather N records into one batch: one buffer from ``alloc``, one slice per field.
 
@@ -558,6 +568,9 @@ def collate(
         verify: Check each record's CRC-32C, in the same pass as the copy of its biggest
             field (NOTE[collate-verify]); on a failure nothing is returned.
         sample_ids: The records' sample ids, named in errors.
+        variable: Array fields that are variable-length by their schema: they become
+            :class:`VarBatch` even when every record of this batch has the same shape
+            (NOTE[field-kinds]), so a field's type never depends on the batch.
 
     Returns:
         Field name -> batch, in the order of ``fields``.
@@ -573,7 +586,7 @@ def collate(
     count = len(items)
     ids = _ids(sample_ids, count)
     try:
-        plans = _plans(_decode_batch(items, False, ids), fields, count, ids)
+        plans = _plans(_decode_batch(items, False, ids), fields, count, ids, variable)
     except (CorruptRecordError, ConfigError):
         if verify:
             _decode_batch(items, True, ids)  # NOTE[collate-verify]: a bad checksum first
@@ -600,6 +613,7 @@ def _plans(
     fields: Sequence[str] | None,
     count: int,
     ids: Sequence[int] | None,
+    variable: Collection[str] = (),
 ) -> list[_FieldPlan]:
     """One plan per wanted field, in the order of ``fields``."""
     names, starts, rows = decoded
@@ -618,5 +632,5 @@ def _plans(
     plans = []
     for name in wanted:
         group = order[bounds[index_of[name]] : bounds[index_of[name] + 1]]
-        plans.append(_plan(name, rows[group], records[group], count, ids))
+        plans.append(_plan(name, rows[group], records[group], count, ids, name in variable))
     return plans

@@ -304,6 +304,7 @@ class ReadThroughCache:
         *,
         fields: Sequence[str] | None = None,
         alloc: Callable[[int], Any] = record.aligned_empty,
+        variable: Sequence[str] = (),
     ) -> dict[str, Any]:
         """Read and gather one batch, each record checked in the same pass as its copy.
 
@@ -317,6 +318,7 @@ class ReadThroughCache:
             sample_ids: The batch's sample ids, in order.
             fields: The fields to gather (default: all), as for ``record.collate``.
             alloc: ``alloc(nbytes)`` gives the batch buffer, as for ``record.collate``.
+            variable: Array fields kept variable-length, as for ``record.collate``.
 
         Returns:
             Field name -> batch, as ``record.collate`` returns it.
@@ -336,6 +338,7 @@ class ReadThroughCache:
                     alloc=alloc,
                     verify=lease.unverified,
                     sample_ids=ids,
+                    variable=variable,
                 )
             except CorruptRecordError:
                 if not lease.unverified:
@@ -345,7 +348,9 @@ class ReadThroughCache:
                     raise
         self.drop_corrupt([ids[i] for i in bad])
         with self._get_many(ids, defer_verify=False) as lease:
-            return record.collate(lease.buffers, fields=fields, alloc=alloc, sample_ids=ids)
+            return record.collate(
+                lease.buffers, fields=fields, alloc=alloc, sample_ids=ids, variable=variable
+            )
 
     def _check_ids(self, sample_ids: SampleIds) -> list[int]:
         try:

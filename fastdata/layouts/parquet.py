@@ -211,8 +211,12 @@ class ParquetLayout:
             for info, scan, meta in zip(objects, footers, metadata, strict=True)
         ]
         chosen = sorted(set(nulls) | set(self.nulls or ()))
+        kinds = _field_kinds([m.schema.to_arrow_schema() for m in metadata], self.fields)
         return BuildResult(
-            rows=concat_scans(scans), extras=[s.extra for s in scans], options={"nulls": chosen}
+            rows=concat_scans(scans),
+            extras=[s.extra for s in scans],
+            options={"nulls": chosen},
+            meta={"field_kinds": kinds},
         )
 
     def _scan(self, store: Store, infos: Sequence[ObjectInfo]) -> list[ObjectScan]:
@@ -353,6 +357,25 @@ class ParquetLayout:
         keys = np.column_stack([rows["obj"].astype(np.uint64), rows["offset"]])
         _, inverse, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
         return (rows["length"] // counts[inverse.ravel()]).astype(np.int64)
+
+
+def _kind_of(kind: pa.DataType) -> str:
+    """The sample kind of an Arrow column type (NOTE[field-kinds])."""
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return "str"
+    if (
+        pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+        or pa.types.is_fixed_size_binary(kind)
+    ):
+        return "bytes"
+    if pa.types.is_fixed_size_list(kind):
+        return "fixed"
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return "var"
+    return "scalar"
 
 
 def _group_span(
@@ -496,3 +519,26 @@ def _list_child(
             f"{' with null elements' if numeric else ''}; only lists of numbers become arrays"
         )
     return np.asarray(child.to_numpy(zero_copy_only=False))
+
+
+def _field_kinds(schemas: Sequence[Any], fields: Sequence[str] | None) -> dict[str, str]:
+    """NOTE[field-kinds]: each chosen column's kind from the Arrow schemas of the files.
+
+    ``list``/``large_list`` columns are ``"var"`` (a VarTensor in every batch),
+    ``fixed_size_list`` columns ``"fixed"``; a column that is a fixed-size list in one
+    file and a list in another is ``"var"``.
+    """
+    kinds: dict[str, str] = {}
+    seen: set[str] = set()
+    for schema in schemas:
+        key = schema.to_string()
+        if key in seen:
+            continue
+        seen.add(key)
+        for name, kind in zip(schema.names, schema.types, strict=True):
+            if fields is not None and name not in fields:
+                continue
+            found = _kind_of(kind)
+            before = kinds.get(name)
+            kinds[name] = "var" if "var" in (before, found) else found
+    return kinds
