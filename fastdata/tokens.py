@@ -200,6 +200,14 @@ class BlockIndex:
         sizes[0] += bounds[0]
         return sizes[sizes > 0] if sizes.sum() else np.array([self.num_blocks])
 
+    #: Blocks never share a fetch range (NOTE[row-group-walk] in ``fastdata/spec.py``):
+    #: the default shuffle of a token corpus is global over blocks.
+    shares_ranges = False
+
+    def unit_sizes(self) -> np.ndarray:
+        """The shards of ``shuffle="shard_window"``: blocks starting in each object."""
+        return self.shard_sizes()
+
     def describe(self, sample_id: int) -> str:
         """Which tokens block ``sample_id`` holds and where they are."""
         first = int(sample_id) * self.block_size

@@ -179,7 +179,14 @@ def select(
 
 
 def has_nulls(metadata: pq.FileMetaData, output: Output) -> bool:
-    """Whether the footer's statistics say (or cannot rule out) that ``output`` has nulls."""
+    """Whether the footer's statistics say (or cannot rule out) that ``output`` has nulls.
+
+    A list column's leaf statistics count empty lists as nulls too, so they cannot tell
+    a null list from an empty one: list fields get no mask, and a null list reads as an
+    empty array (docs/layouts.md, "Nulls").
+    """
+    if output.kind.startswith("list<"):
+        return False
     for group in range(metadata.num_row_groups):
         rg = metadata.row_group(group)
         if rg.num_rows == 0:
