@@ -238,6 +238,27 @@ def test_refused_connections_are_ridden_out_until_the_server_listens(
         store.close()
 
 
+@pytest.mark.slow
+def test_a_15_s_outage_is_ridden_out_by_the_default_policy(
+    root: Root, objects: dict[str, bytes]
+) -> None:
+    """Issue 11, item 6: the default budget (60 s), not the attempt count, decides."""
+    port = free_port()
+    late = FaultProxy(root.endpoint_url, port=port)
+    store = Store(root.url, storage_options=root.options(f"http://127.0.0.1:{port}"))
+    assert store.config == StoreConfig()
+    timer = threading.Timer(15.0, late.start)
+    timer.start()
+    try:
+        (out,) = store.get_many([ByteRange("md5/03.bin")])
+        assert bytes(memoryview(out)) == objects["md5/03.bin"]
+        assert store.stats().retries >= 1
+    finally:
+        timer.join(timeout=30)
+        late.stop()
+        store.close()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_refused_past_the_budget_fails_once_saying_what_for_how_long(
     root: Root, backend: str
