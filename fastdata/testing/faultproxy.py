@@ -179,7 +179,8 @@ class Fault:
 
         A test clears the gate to stop one client's progress at a chosen point and sets
         it once another client's requests are held too (``FaultProxy.in_flight``), so
-        that both go on together; with the gate set it is a plain ``delay(then_s)``.
+        that both go on together (``FaultProxy.held`` counts the requests waiting);
+        with the gate set it is a plain ``delay(then_s)``.
         """
         if not 0 <= timeout_s <= 600:
             raise ValueError(f"timeout_s must be within 0..600 s, got {timeout_s}")
@@ -250,6 +251,7 @@ class _State:
     faults_served: int = 0
     in_flight: int = 0
     max_in_flight: int = 0
+    held: int = 0
 
 
 class FaultProxy:
@@ -468,6 +470,12 @@ class FaultProxy:
             return self._state.in_flight
 
     @property
+    def held(self) -> int:
+        """Requests waiting at a closed ``Fault.hold`` gate now."""
+        with self._lock:
+            return self._state.held
+
+    @property
     def max_in_flight(self) -> int:
         """The most requests the proxy was handling at the same moment."""
         with self._lock:
@@ -533,6 +541,23 @@ class FaultProxy:
         with self._lock:
             self._state.body_bytes[(method, path)] += nbytes
 
+    def _hold(self, gate: threading.Event, timeout_s: float) -> None:
+        """Wait until ``gate`` is set, the proxy stops, or ``timeout_s`` passed."""
+        if gate.is_set():
+            return
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            self._state.held += 1
+        try:
+            while not gate.is_set() and not self._stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                gate.wait(min(left, 0.05))
+        finally:
+            with self._lock:
+                self._state.held -= 1
+
     def _end(self) -> None:
         with self._lock:
             self._state.in_flight -= 1
@@ -543,16 +568,6 @@ class FaultProxy:
                 self._sockets.add(sock)
             else:
                 self._sockets.discard(sock)
-
-
-def _hold(gate: threading.Event, timeout_s: float, stop: threading.Event) -> None:
-    """Wait until ``gate`` is set, ``stop`` is set, or ``timeout_s`` passed."""
-    deadline = time.monotonic() + timeout_s
-    while not gate.is_set() and not stop.is_set():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return
-        gate.wait(min(left, 0.05))
 
 
 def _hard_close(sock: socket.socket) -> None:
@@ -623,7 +638,7 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 else:
                     if fault is not None and fault.kind == "delay":
                         if fault.gate is not None:
-                            _hold(fault.gate, fault.hold_s, proxy._stop)
+                            proxy._hold(fault.gate, fault.hold_s)
                         proxy._stop.wait(fault.delay_s)
                     self._forward(body, fault, after, rng)
             except (BrokenPipeError, ConnectionResetError):
