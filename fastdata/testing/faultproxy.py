@@ -705,9 +705,10 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             if self.command == "HEAD":
                 return
             if fault is not None and fault.kind == "truncate":
+                # Counted before it is sent: a client that has read it sees it counted.
+                proxy._count_body(self.command, self._path, min(fault.keep_bytes, len(payload)))
                 self.wfile.write(payload[: fault.keep_bytes])
                 self.wfile.flush()
-                proxy._count_body(self.command, self._path, min(fault.keep_bytes, len(payload)))
                 self.close_connection = True
                 if after is not None:
                     after()
@@ -718,8 +719,8 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             if fault is not None and fault.kind == "corrupt" and payload:
                 payload, flipped = _corrupt(payload, fault, rng or random.Random(0))
                 proxy._flipped(flipped)
-            self.wfile.write(payload)
             proxy._count_body(self.command, self._path, len(payload))
+            self.wfile.write(payload)
             if after is not None:
                 after()
 
