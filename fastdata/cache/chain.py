@@ -16,7 +16,7 @@ own error, with its own traceback.
 NOTE[chain-writeback]: records read from the source are written into the tiers when the
 caller closes the lease, after the tier leases of that call are closed, never while
 they are open. An LMDB lease holds the environment's gate (NOTE[lmdb-gate] in
-``_env.py``), and a write that needs a bigger map cannot wait for the resize while its
+``_lmdb_env.py``), and a write that needs a bigger map cannot wait for the resize while its
 own thread holds the gate: written under the lease, most records of a cold batch were
 rejected and the next epoch was not warm. A tier lease that found nothing is closed at
 once, before the source is read, so slow source reads do not hold the gate either.

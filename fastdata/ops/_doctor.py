@@ -19,13 +19,13 @@ import numpy as np
 
 from fastdata._pagecache import drop_page_cache
 from fastdata.cache import LmdbTier
+from fastdata.cache.lmdb_budget import record_costs, room_bytes
 from fastdata.config import FastdataConfig
 from fastdata.errors import ConfigError
 from fastdata.index import SampleIndex
 from fastdata.ops._advice import advise
 from fastdata.store import Store
-from fastdata.warm import DatasetSpec, NodePlan
-from fastdata.warm._select import access_order, record_costs, room_bytes, source_bytes
+from fastdata.warm import DatasetSpec, NodePlan, access_order, source_bytes
 
 __all__ = ["DoctorConfig", "DoctorReport", "doctor"]
 
