@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from fastdata.config import check_int
 from fastdata.errors import ConfigError
 
 __all__ = ["BenchConfig", "Layout"]
@@ -55,9 +56,7 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         for name in ("samples", "sample_bytes", "batch_size", "epochs", "shard_samples"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"bench {name} must be a positive int, got {value!r}")
+            check_int(f"bench {name}", getattr(self, name), 1)
         if self.baseline_step_batches < 1:
             raise ConfigError(
                 f"bench baseline_step_batches must be positive, got {self.baseline_step_batches}"

@@ -22,7 +22,13 @@ import lmdb
 
 from fastdata.cache import _lmdb_env
 from fastdata.cache._lmdb_core import LmdbCore
-from fastdata.cache.tier import DATASET_ID_BYTES, DatasetInfo, check_dataset_id, check_num_samples
+from fastdata.cache.tier import (
+    DATASET_ID_BYTES,
+    NODE_COUNTERS,
+    DatasetInfo,
+    check_dataset_id,
+    check_num_samples,
+)
 
 __all__ = ["NODE_COUNTERS", "LmdbMeta"]
 
@@ -32,17 +38,6 @@ _DS_PREFIX = b"ds/"
 _NAME_PREFIX = b"name/"
 _DS_STRUCT = struct.Struct("<QQQd")  # entries, value bytes, num_samples, last access
 _COUNTERS_KEY = b"counters"
-#: Event counters kept node-wide in the meta database (NOTE[lmdb-node-counters]).
-NODE_COUNTERS = (
-    "hits",
-    "misses",
-    "stale",
-    "corruptions",
-    "rejections",
-    "evictions",
-    "bytes_read",
-    "bytes_written",
-)
 _COUNTERS_STRUCT = struct.Struct(f"<{len(NODE_COUNTERS)}Q")
 _STAMP_EVERY_S = 60.0
 _DATASET_OF = operator.itemgetter(slice(0, DATASET_ID_BYTES))
