@@ -20,7 +20,7 @@ import re
 import threading
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -29,7 +29,8 @@ from fastdata.config import StoreConfig
 from fastdata.errors import CorruptRecordError, StoreError
 from fastdata.store import ByteRange, Store
 from fastdata.testing.faultproxy import Fault, FaultProxy
-from fastdata.testing.seaweedfs import ACCESS_KEY, SECRET_KEY, SeaweedServer, free_port
+from fastdata.testing.s3 import S3Target
+from fastdata.testing.seaweedfs import SeaweedServer, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -39,38 +40,18 @@ FAST = dict(backoff_base_s=0.01, backoff_max_s=0.1, connect_timeout_s=2.0, reque
 
 
 @dataclass(frozen=True)
-class Root:
-    endpoint_url: str
-    bucket: str
-    prefix: str
-
-    @property
-    def url(self) -> str:
-        return f"s3://{self.bucket}/{self.prefix}"
+class Root(S3Target):
+    """A fresh folder on the server; its options may point at the fault proxy instead."""
 
     def options(self, endpoint_url: str | None = None) -> dict[str, Any]:
-        return {
-            "key": ACCESS_KEY,
-            "secret": SECRET_KEY,
-            "client_kwargs": {
-                "endpoint_url": endpoint_url or self.endpoint_url,
-                "region_name": "us-east-1",
-            },
-        }
+        return replace(self, endpoint_url=endpoint_url or self.endpoint_url).storage_options
 
     def path(self, key: str) -> str:
         """The URL path the proxy sees for ``key``."""
         return f"/{self.bucket}/{self.prefix}/{key}"
 
     def boto3(self) -> Any:
-        boto3 = pytest.importorskip("boto3")
-        return boto3.client(
-            "s3",
-            endpoint_url=self.endpoint_url,
-            aws_access_key_id=ACCESS_KEY,
-            aws_secret_access_key=SECRET_KEY,
-            region_name="us-east-1",
-        )
+        return self.boto3_client()
 
 
 @pytest.fixture(scope="module")

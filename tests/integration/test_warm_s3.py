@@ -26,6 +26,7 @@ from fastdata.cache import LmdbTier
 from fastdata.config import CacheConfig
 from fastdata.index import SampleIndex, open_index
 from fastdata.store import Store
+from fastdata.testing.cli import json_output, run_cli
 from fastdata.testing.faultproxy import Fault, FaultProxy
 from fastdata.testing.seaweedfs import ACCESS_KEY, SECRET_KEY
 
@@ -92,16 +93,10 @@ def warm_argv(url: str, endpoint: str, cache_dir: Path, *extra: str) -> list[str
 def run_warm(
     url: str, endpoint: str, cache_dir: Path, *extra: str, env: dict[str, str] | None = None
 ) -> tuple[int, dict[str, Any], str]:
-    done = subprocess.run(
-        warm_argv(url, endpoint, cache_dir, *extra),
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=REPO,
-        env={**os.environ, **(env or {})},
-    )
-    assert "Traceback" not in done.stderr, done.stderr
-    return done.returncode, json.loads(done.stdout), done.stderr
+    argv = warm_argv(url, endpoint, cache_dir, *extra)
+    assert argv[:3] == [sys.executable, "-m", "fastdata"]
+    done = run_cli(argv[3:], env=env, cwd=REPO, timeout_s=240)
+    return done.returncode, json_output(done), done.stderr
 
 
 def cache_config(cache_dir: Path) -> CacheConfig:

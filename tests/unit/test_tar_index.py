@@ -17,6 +17,7 @@ from fastdata.errors import ConfigError
 from fastdata.index import DatasetChangedWarning, open_index
 from fastdata.layouts.tar import SCAN_READ_BYTES, SIDECAR_SUFFIX, write_tar_index
 from fastdata.store import ByteRange, ObjectInfo, Store
+from fastdata.testing.data import tar_bytes
 
 MIB = 1024 * 1024
 
@@ -41,16 +42,6 @@ class CountingStore(Store):
 
     def shard_requests(self, path: str) -> list[ByteRange]:
         return [r for r in self.requests if r.path == path]
-
-
-def tar_bytes(members: list[tuple[str, bytes]], fmt: int = tarfile.GNU_FORMAT) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=fmt) as tf:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    return out.getvalue()
 
 
 def shard(samples: int, sizes: Any, seed: int = 0, prefix: str = "") -> bytes:
