@@ -61,7 +61,7 @@ from torch.utils.data import IterableDataset
 
 from fastdata import record
 from fastdata.cache import ReadThroughCache
-from fastdata.cache.tier import reset_in_forked_child
+from fastdata.cache.tier import Lease, reset_in_forked_child
 from fastdata.config import FastdataConfig, parse_size
 from fastdata.dataset import (
     _OPEN,
@@ -100,6 +100,8 @@ _FLAT_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "int64", 
 _CHUNK_FORMAT = 1
 """Bumped when a chunk record's content for the same key changes."""
 _WAIT_POLL_S = 1.0
+_MAX_PENDING = 4096
+"""Announced chunks queued for read-ahead at most."""
 
 
 def _word(text: str, person: bytes) -> np.uint64:
@@ -541,26 +543,26 @@ class BlockSource:
 
 
 class _Load:
-    """A chunk being read: ``done`` is set when it is in the arena (``slot``), in a
-    loose array (``tokens``), or failed (``error``)."""
+    """A chunk being read: ``done`` is set when it is in the arena (``slot``), or was
+    not kept, or failed (``error``)."""
 
-    __slots__ = ("done", "error", "slot", "tokens")
+    __slots__ = ("done", "error", "slot")
 
     def __init__(self) -> None:
         self.done = threading.Event()
         self.slot = -1
-        self.tokens: np.ndarray | None = None
         self.error: BaseException | None = None
 
 
 class _Held:
     """The chunks one gather reads: arena slots (pinned until released) and loose arrays."""
 
-    __slots__ = ("loose", "slots")
+    __slots__ = ("leases", "loose", "slots")
 
     def __init__(self) -> None:
         self.slots: dict[int, int] = {}
         self.loose: dict[int, np.ndarray] = {}
+        self.leases: list[Lease] = []
 
 
 class ChunkReader:
@@ -616,6 +618,7 @@ class ChunkReader:
         self._loading: dict[int, _Load] = {}
         self._pending: deque[int] = deque()
         self._pending_set: set[int] = set()
+        self._unused: set[int] = set()  # read ahead, not yet held by a gather
         self._running = 0
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
@@ -624,7 +627,12 @@ class ChunkReader:
         self.readahead_reads = 0
         """Of those, chunks read by the read-ahead threads."""
         self.loose_reads = 0
-        """Of those, chunks that found no free slot and served one batch only."""
+        """Of those, chunks not kept (no free slot, or ``keep_misses`` off): each served
+        the one batch that read it, straight from its record."""
+        self.keep_misses = True
+        """Whether a chunk a batch reads itself goes into the arena. Off for a global
+        shuffle (:meth:`TokenDataset.prefetch`), where a chunk is rarely needed twice
+        before it would be dropped: copying it in would cost its whole size per block."""
 
     def __repr__(self) -> str:
         return (
@@ -656,6 +664,7 @@ class ChunkReader:
             for c, slot in self._slot_of.items():
                 if not self._pins[slot]:
                     del self._slot_of[c]
+                    self._unused.discard(c)  # read ahead too far: read again when needed
                     self._free.append(slot)
                     break
         if not self._free:
@@ -690,8 +699,10 @@ class ChunkReader:
                 slot = held.slots.get(c)
                 if slot is not None:
                     out[k] = self._rows[slot * self._rows_per_slot + j]  # type: ignore[index]
-                else:
-                    out[k] = held.loose[c][j * t : j * t + length]
+                    continue
+                piece = held.loose[c][j * t : j * t + length]
+                out[k, : len(piece)] = piece
+                out[k, len(piece) :] = self.index.pad_id  # the last block, tail="pad"
         finally:
             self.release(held)
 
@@ -707,6 +718,9 @@ class ChunkReader:
                     self._slot_of.move_to_end(c)
                     self._pins[slot] += 1
                     held.slots[c] = slot
+                    if self._unused:
+                        self._unused.discard(c)
+                        self._start()
                     continue
                 load = self._loading.get(c)
                 if load is not None:
@@ -726,23 +740,27 @@ class ChunkReader:
                     if slot is not None:
                         self._pins[slot] += 1
                         held.slots[c] = slot
+                        self._unused.discard(c)
+                        self._start()
                         continue
-                if load.tokens is not None:
-                    held.loose[c] = load.tokens
-                else:  # failed, or already dropped: read it here, so any error is ours
-                    self._fill([(c, _Load())], held, keep=False)
+                # Failed, read without a slot, or dropped already: read it here (so that
+                # any error is this caller's).
+                self._fill([(c, _Load())], held, keep=False)
         except BaseException:
             self.release(held)
             raise
         return held
 
     def release(self, held: _Held) -> None:
-        """Unpin what :meth:`hold` pinned."""
+        """Unpin what :meth:`hold` pinned and close the leases of its loose chunks."""
         with self._lock:
             for slot in held.slots.values():
                 self._pins[slot] -= 1
         held.slots.clear()
         held.loose.clear()
+        leases, held.leases = held.leases, []
+        for lease in leases:
+            lease.close()
 
     def readahead(self, chunk_ids: Sequence[int]) -> None:
         """Queue chunks that batches will need soon, in the order they will need them."""
@@ -750,7 +768,7 @@ class ChunkReader:
             if self._closed or not self.readahead_limit:
                 return
             for c in chunk_ids:
-                if len(self._pending_set) >= self.readahead_limit:
+                if len(self._pending_set) >= _MAX_PENDING:
                     break
                 if c in self._slot_of or c in self._loading or c in self._pending_set:
                     continue
@@ -759,8 +777,14 @@ class ChunkReader:
             self._start()
 
     def _start(self) -> None:
-        """Hand queued chunks to idle read-ahead threads (lock held)."""
-        while self._running < self.threads and self._pending and not self._closed:
+        """Hand queued chunks to idle read-ahead threads (lock held), while fewer than
+        ``readahead_limit`` chunks are being read ahead or were and wait for a batch."""
+        while (
+            self._running < self.threads
+            and self._running + len(self._unused) < self.readahead_limit
+            and self._pending
+            and not self._closed
+        ):
             c = self._pending.popleft()
             if c not in self._pending_set:
                 continue  # a batch claimed it meanwhile
@@ -796,32 +820,34 @@ class ChunkReader:
     def _fill(
         self, claimed: list[tuple[int, _Load]], held: _Held | None, *, keep: bool = True
     ) -> None:
-        """Read claimed chunks into slots (kept, and pinned for ``held``) or, without a
-        free slot or with ``keep=False``, into loose arrays for ``held`` only."""
+        """Read claimed chunks through the cache into slots (kept, and pinned for
+        ``held``); one without a free slot, or with ``keep=False``, is served to ``held``
+        as a view of its record, whose lease ``held`` closes on release (a read-ahead
+        without a slot keeps nothing)."""
         chunks = [c for c, _ in claimed]
         index = self.index
         starts, ends = index.chunk_span(chunks)
-        slots: list[int] = []
+        with self._lock:
+            keep = keep and self.keep_misses if held is not None else keep
+            slots = [self._take_slot() if keep else -1 for _ in chunks]
+        loose: dict[int, np.ndarray] = {}
+        lease: Lease | None = None
         try:
-            with self._lock:
-                slots = [self._take_slot() if keep else -1 for _ in chunks]
-            with self.cache.get_many(chunks) as lease:
-                for k, (c, buf) in enumerate(zip(chunks, lease.buffers, strict=True)):
-                    tokens = self._tokens_of(c, buf, int(ends[k] - starts[k]))
-                    load = claimed[k][1]
-                    if slots[k] >= 0:
-                        view = self._slot_view(slots[k])
-                        view[: len(tokens)] = tokens
-                        view[len(tokens) : len(tokens) + index.length] = index.pad_id
-                        load.slot = slots[k]
-                    else:  # RAM tier and fresh records are immutable bytes; LMDB pages
-                        # are valid only while the lease is open
-                        padded = np.full(len(tokens) + index.length, index.pad_id, index.dtype)
-                        padded[: len(tokens)] = tokens
-                        load.tokens = padded
+            lease = self.cache.get_many(chunks)
+            for k, (c, buf) in enumerate(zip(chunks, lease.buffers, strict=True)):
+                tokens = self._tokens_of(c, buf, int(ends[k] - starts[k]))
+                if slots[k] >= 0:
+                    view = self._slot_view(slots[k])
+                    view[: len(tokens)] = tokens
+                    view[len(tokens) : len(tokens) + index.length] = index.pad_id
+                    claimed[k][1].slot = slots[k]
+                elif held is not None:
+                    loose[c] = tokens
         except BaseException as exc:
+            if lease is not None:
+                lease.close()
             with self._lock:
-                for (c, load), slot in zip(claimed, slots + [-1] * len(claimed), strict=False):
+                for (c, load), slot in zip(claimed, slots, strict=True):
                     if slot >= 0:
                         self._pins[slot] = 0
                         self._free.append(slot)
@@ -830,8 +856,13 @@ class ChunkReader:
                     load.error = exc
                     load.done.set()
             raise
+        if loose and held is not None:
+            held.leases.append(lease)
+        else:
+            lease.close()
         with self._lock:
             self.chunk_reads += len(chunks)
+            self.loose_reads += len(chunks) - sum(slot >= 0 for slot in slots)
             for c, load in claimed:
                 if load.slot >= 0:
                     self._slot_of[c] = load.slot
@@ -839,13 +870,12 @@ class ChunkReader:
                         held.slots[c] = load.slot  # keeps the pin taken with the slot
                     else:
                         self._pins[load.slot] -= 1
-                else:
-                    self.loose_reads += 1
-                    if held is not None:
-                        held.loose[c] = load.tokens  # type: ignore[assignment]
+                        self._unused.add(c)
                 if self._loading.get(c) is load:
                     del self._loading[c]
                 load.done.set()
+        if held is not None:
+            held.loose.update(loose)
 
     def _tokens_of(self, c: int, buf: Any, expected: int) -> np.ndarray:
         index = self.index
@@ -1232,12 +1262,17 @@ class TokenDataset(Dataset):
         coming batches (about two windows ahead) to the chunk reader and the cache."""
         runtime = self.runtime()
         blocks = self.blocks
+        # A global shuffle needs a chunk per block: read-ahead and keeping what a batch
+        # reads would copy whole chunks for single blocks (ChunkReader.keep_misses).
+        walks = plan.order.config.shuffle != "global"
+        runtime.chunks.keep_misses = walks
 
         def hint(upcoming: list[np.ndarray]) -> None:
             chunks = np.concatenate(upcoming) // blocks.chunk_blocks
             unique, first = np.unique(chunks, return_index=True)
             ordered = unique[np.argsort(first, kind="stable")].tolist()
-            runtime.chunks.readahead(ordered)
+            if walks:
+                runtime.chunks.readahead(ordered)
             runtime.cache.hint(ordered)
 
         batches: Iterator[np.ndarray] = plan.batches_for_worker(worker_id, num_workers)
