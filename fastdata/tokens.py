@@ -100,6 +100,8 @@ _FLAT_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "int64", 
 _CHUNK_FORMAT = 1
 """Bumped when a chunk record's content for the same key changes."""
 _WAIT_POLL_S = 1.0
+_MEMO_CHUNKS = 1 << 16
+"""Chunk keys and fingerprints remembered per process at most."""
 _MAX_PENDING = 4096
 """Announced chunks queued for read-ahead at most."""
 
@@ -186,10 +188,11 @@ class BlockIndex:
         self._lock = threading.Lock()
         self._decoded: OrderedDict[int, np.ndarray] = OrderedDict()
         self._decoded_bytes = 0
+        self._memo: dict[int, tuple[bytes, bytes]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_lock", "_decoded", "_decoded_bytes"):
+        for name in ("_lock", "_decoded", "_decoded_bytes", "_memo"):
             state.pop(name)
         return state
 
@@ -292,21 +295,33 @@ class BlockIndex:
     def chunk_keys(self, chunk_ids: Any) -> list[bytes]:
         """16-byte cache keys: the namespace, then 8 bytes of the chunk's content
         (NOTE[token-chunks]: object versions, token ranges and the token type)."""
-        word = self._chunk_words(chunk_ids, self._recipe)
-        out = np.empty((len(word), 16), dtype=np.uint8)
-        out[:, :8] = self._prefix
-        out[:, 8:] = word.astype(">u8").view(np.uint8).reshape(-1, 8)
-        flat = out.tobytes()
-        return [flat[i : i + 16] for i in range(0, len(flat), 16)]
+        return [pair[0] for pair in self._identities(chunk_ids)]
 
     def chunk_fingerprints(self, chunk_ids: Any) -> list[bytes]:
         """16 bytes per chunk from the same facts and the store identity."""
-        ids = self._chunk_ids(chunk_ids)
-        words = np.empty((len(ids), 2), dtype="<u8")
-        words[:, 0] = self._chunk_words(ids, self._salt[0] ^ self._recipe)
-        words[:, 1] = self._chunk_words(ids, self._salt[1])
-        flat = words.tobytes()
-        return [flat[i : i + 16] for i in range(0, len(flat), 16)]
+        return [pair[1] for pair in self._identities(chunk_ids)]
+
+    def _identities(self, chunk_ids: Any) -> list[tuple[bytes, bytes]]:
+        """(key, fingerprint) of each chunk, remembered: a batch asks for a few chunks,
+        and the numpy of a fresh computation costs more than the batch's gather."""
+        ids = self._chunk_ids(chunk_ids).tolist()
+        memo = self._memo
+        missing = [c for c in dict.fromkeys(ids) if c not in memo]
+        if missing:
+            if len(memo) + len(missing) > _MEMO_CHUNKS:
+                memo.clear()
+            todo = np.array(missing, dtype=np.int64)
+            word = self._chunk_words(todo, self._recipe)
+            keys = np.empty((len(todo), 16), dtype=np.uint8)
+            keys[:, :8] = self._prefix
+            keys[:, 8:] = word.astype(">u8").view(np.uint8).reshape(-1, 8)
+            prints = np.empty((len(todo), 2), dtype="<u8")
+            prints[:, 0] = self._chunk_words(todo, self._salt[0] ^ self._recipe)
+            prints[:, 1] = self._chunk_words(todo, self._salt[1])
+            kflat, pflat = keys.tobytes(), prints.tobytes()
+            for n, c in enumerate(missing):
+                memo[c] = (kflat[16 * n : 16 * n + 16], pflat[16 * n : 16 * n + 16])
+        return [memo[c] for c in ids]
 
     def describe_chunk(self, chunk_id: int) -> str:
         """Which tokens chunk ``chunk_id`` holds and where they start."""
@@ -1262,9 +1277,11 @@ class TokenDataset(Dataset):
         coming batches (about two windows ahead) to the chunk reader and the cache."""
         runtime = self.runtime()
         blocks = self.blocks
-        # A global shuffle needs a chunk per block: read-ahead and keeping what a batch
-        # reads would copy whole chunks for single blocks (ChunkReader.keep_misses).
+        # A global shuffle over more chunks than the arena holds needs a chunk per block:
+        # read-ahead and keeping what a batch reads would copy whole chunks for single
+        # blocks (ChunkReader.keep_misses).
         walks = plan.order.config.shuffle != "global"
+        walks = walks or blocks.num_chunks <= runtime.chunks.capacity
         runtime.chunks.keep_misses = walks
 
         def hint(upcoming: list[np.ndarray]) -> None:

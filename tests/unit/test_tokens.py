@@ -257,6 +257,7 @@ def test_every_shuffle_mode_gives_each_block_once(tmp_path: Path) -> None:
             tmp_path / "c", block_size=10, chunk_bytes=200, window_chunks=2,
             shuffle=shuffle, cache_dir=tmp_path / f"cache-{shuffle}",
         )  # fmt: skip
+        assert ds.blocks.num_chunks > ds.window_chunks * 2 + 2 + 4  # more than the arena
         with ds:
             batches = list(fastdata.DataLoader(ds, batch_size=7))
             reader = ds.runtime().chunks
