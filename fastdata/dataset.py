@@ -52,8 +52,8 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata import record
+from fastdata._fork import reset_in_forked_child, this_process
 from fastdata.cache import ReadThroughCache, default_tiers
-from fastdata.cache.tier import reset_in_forked_child
 from fastdata.config import CacheConfig, FastdataConfig, parse_size
 from fastdata.errors import ConfigError, CorruptRecordError
 from fastdata.index import SampleIndex
@@ -487,7 +487,7 @@ class Dataset(IterableDataset[Any]):
         """A new lock, no prefetchers and no skip counts: at construction, unpickling, and
         in every forked child, where the parent's lock may have been held by one of its
         threads at the fork and none of the parent's prefetchers run
-        (``reset_in_forked_child``)."""
+        (``reset_in_forked_child``, NOTE[fork])."""
         self._runtime_lock = threading.Lock()
         self._prefetchers: weakref.WeakSet[Prefetcher[np.ndarray, Any]] = weakref.WeakSet()
         self._skipped: list[int] = []
@@ -496,7 +496,7 @@ class Dataset(IterableDataset[Any]):
         """This process's store, cache and pool, opened on first use."""
         with self._runtime_lock:
             runtime = self._runtime
-            if runtime is None or runtime.pid != os.getpid():
+            if runtime is None or not this_process(runtime.pid):  # NOTE[fork]
                 runtime = self._runtime = _Runtime(self)
                 _OPEN.add(self)
             return runtime
@@ -510,7 +510,7 @@ class Dataset(IterableDataset[Any]):
             prefetcher.close()
         with self._runtime_lock:
             runtime, self._runtime = self._runtime, None
-        if runtime is not None and runtime.pid == os.getpid():
+        if runtime is not None and this_process(runtime.pid):
             runtime.close()
 
     def __enter__(self) -> Dataset:
@@ -793,10 +793,9 @@ def close_open_datasets() -> None:
     interpreter exit (``atexit``), and in DataLoader worker processes, which leave
     without ``atexit``, from the loader's worker exit hooks (NOTE[worker-death]).
     """
-    pid = os.getpid()
     for dataset in list(_OPEN):
         runtime = dataset._runtime
-        if runtime is not None and runtime.pid == pid:
+        if runtime is not None and this_process(runtime.pid):
             try:
                 dataset.close()
             except Exception as exc:  # at exit: report and go on with the others

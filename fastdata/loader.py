@@ -43,6 +43,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata import _workers
+from fastdata._fork import this_process
 from fastdata.dataset import (
     Dataset,
     OnError,
@@ -164,7 +165,7 @@ class _WorkerStream(IterableDataset[Any]):
 
 def _process_stats(dataset: Dataset) -> dict[str, Any]:
     runtime = dataset._runtime
-    if runtime is None or runtime.pid != os.getpid():
+    if runtime is None or not this_process(runtime.pid):  # NOTE[fork]
         return {}
     return {"cache": runtime.cache.stats().as_dict(), "store": asdict(runtime.store.stats())}
 

@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import IterableDataset
 
-from fastdata.cache.tier import reset_in_forked_child
+from fastdata._fork import reset_in_forked_child
 from fastdata.config import FastdataConfig
 from fastdata.dataset import ID_KEY, Batch, Dataset, SkippedBatch, _merge_config, _shuffle_mode
 from fastdata.errors import ConfigError, CorruptRecordError
