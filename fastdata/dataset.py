@@ -17,9 +17,8 @@ Two ways to iterate:
   it shards across ``torch.distributed`` ranks and DataLoader workers by itself. Call
   :meth:`set_epoch` every epoch (as with ``DistributedSampler``) to reshuffle.
 
-NOTE[dataset-runtime]: the runtime records the PID that opened it. A process that finds
-a runtime of another PID (a forked worker) drops it without closing it (the parent owns
-those handles) and opens its own, lazily. ``__getstate__`` never carries it.
+NOTE[dataset-runtime] (in ``fastdata/_runtime.py``): each process opens its own
+``DatasetRuntime`` (store, cache chain, buffer pool) on first use.
 
 NOTE[bad-samples]: an error raised while reading (``CorruptRecordError`` from a record or
 a layout's decoder) or transforming one sample gets a note (``add_note``; its type is
@@ -53,14 +52,13 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata import record
 from fastdata._fork import reset_in_forked_child, this_process
-from fastdata.cache import ReadThroughCache, default_tiers
+from fastdata._runtime import DatasetRuntime
 from fastdata.config import CacheConfig, FastdataConfig, parse_size
 from fastdata.errors import ConfigError, CorruptRecordError
 from fastdata.index import SampleIndex
 from fastdata.plan import EpochOrder, EpochPlan, PlanConfig, ShuffleMode
-from fastdata.prefetch import BufferPool, Prefetcher
+from fastdata.prefetch import Prefetcher
 from fastdata.spec import DatasetSpec, epoch_order
-from fastdata.store import Store
 
 __all__ = [
     "Batch",
@@ -351,29 +349,6 @@ def split_batch(batch: Mapping[str, Any]) -> list[dict[str, Any]]:
     return samples
 
 
-class _Runtime:
-    """Live handles of one process: store, cache chain, buffer pool (NOTE[dataset-runtime])."""
-
-    def __init__(self, dataset: Dataset) -> None:
-        self.pid = os.getpid()
-        config = dataset.config
-        self.store = Store(
-            dataset.index.url, storage_options=dataset.storage_options, config=config.store
-        )
-        self.cache = ReadThroughCache(
-            default_tiers(config.cache), dataset.index.source(self.store), config=config.cache
-        )
-        # Pinning pays off only in the process that feeds the accelerator; a worker
-        # process's batches are copied into shared memory by torch anyway.
-        in_worker = get_worker_info() is not None
-        self.pool = BufferPool.from_config(config.prefetch, pin=False if in_worker else None)
-
-    def close(self) -> None:
-        self.cache.close()
-        self.pool.close()
-        self.store.close()
-
-
 class Dataset(IterableDataset[Any]):
     """A dataset in object storage, read through the node cache by background threads.
 
@@ -466,7 +441,7 @@ class Dataset(IterableDataset[Any]):
         self.field_kinds: dict[str, str] = self.index.field_kinds
         """NOTE[field-kinds]: each field's kind from the schema (``SampleIndex.field_kinds``)."""
         self.epoch = 0
-        self._runtime: _Runtime | None = None
+        self._runtime: DatasetRuntime | None = None
         self._reset()
         reset_in_forked_child(self)
 
@@ -492,14 +467,24 @@ class Dataset(IterableDataset[Any]):
         self._prefetchers: weakref.WeakSet[Prefetcher[np.ndarray, Any]] = weakref.WeakSet()
         self._skipped: list[int] = []
 
-    def runtime(self) -> _Runtime:
+    def runtime(self) -> DatasetRuntime:
         """This process's store, cache and pool, opened on first use."""
         with self._runtime_lock:
             runtime = self._runtime
             if runtime is None or not this_process(runtime.pid):  # NOTE[fork]
-                runtime = self._runtime = _Runtime(self)
+                runtime = self._runtime = DatasetRuntime(
+                    self.index,
+                    self.config,
+                    self.storage_options,
+                    in_worker=get_worker_info() is not None,
+                )
                 _OPEN.add(self)
             return runtime
+
+    def current_runtime(self) -> DatasetRuntime | None:
+        """This process's runtime if it has opened one, else ``None`` (opens nothing)."""
+        runtime = self._runtime
+        return runtime if runtime is not None and this_process(runtime.pid) else None
 
     def close(self) -> None:
         """Stop this process's prefetchers and close its handles; the next use opens new ones.
@@ -572,6 +557,18 @@ class Dataset(IterableDataset[Any]):
     def order(self, epoch: int, config: PlanConfig | None = None) -> EpochOrder:
         """The canonical global order of ``epoch`` (same on every rank and worker)."""
         return epoch_order(self.index, config or self.plan_config, epoch)
+
+    def plan(
+        self,
+        epoch: int,
+        config: PlanConfig | None = None,
+        *,
+        world_size: int = 1,
+        rank: int = 0,
+        cursor: int = 0,
+    ) -> EpochPlan:
+        """This rank's plan of ``epoch`` from ``cursor`` on: the one place plans are built."""
+        return EpochPlan(self.order(epoch, config), world_size=world_size, rank=rank, cursor=cursor)
 
     def shard_sizes(self) -> np.ndarray:
         """Samples per source object, in id order (the shards of ``shard_window``)."""
@@ -774,7 +771,7 @@ class Dataset(IterableDataset[Any]):
         world_size, rank = distributed_world()
         info = get_worker_info()
         worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        plan = EpochPlan(self.order(self.epoch), world_size=world_size, rank=rank)
+        plan = self.plan(self.epoch, world_size=world_size, rank=rank)
         with self.prefetch(
             plan, worker_id=worker_id, num_workers=num_workers, unbatch=True
         ) as sample_lists:
@@ -794,8 +791,7 @@ def close_open_datasets() -> None:
     without ``atexit``, from the loader's worker exit hooks (NOTE[worker-death]).
     """
     for dataset in list(_OPEN):
-        runtime = dataset._runtime
-        if runtime is not None and this_process(runtime.pid):
+        if dataset.current_runtime() is not None:
             try:
                 dataset.close()
             except Exception as exc:  # at exit: report and go on with the others
