@@ -17,9 +17,8 @@ Two ways to iterate:
   it shards across ``torch.distributed`` ranks and DataLoader workers by itself. Call
   :meth:`set_epoch` every epoch (as with ``DistributedSampler``) to reshuffle.
 
-NOTE[dataset-runtime]: the runtime records the PID that opened it. A process that finds
-a runtime of another PID (a forked worker) drops it without closing it (the parent owns
-those handles) and opens its own, lazily. ``__getstate__`` never carries it.
+NOTE[dataset-runtime] (in ``fastdata/_runtime.py``): each process opens its own
+``DatasetRuntime`` (store, cache chain, buffer pool) on first use.
 
 NOTE[bad-samples]: an error raised while reading (``CorruptRecordError`` from a record or
 a layout's decoder) or transforming one sample gets a note (``add_note``; its type is
@@ -36,11 +35,7 @@ raise.
 from __future__ import annotations
 
 import atexit
-import collections
-import copy
-import itertools
 import logging
-import multiprocessing.reduction
 import os
 import threading
 import weakref
@@ -51,327 +46,38 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from fastdata import record
-from fastdata.cache import ReadThroughCache, default_tiers
-from fastdata.cache.tier import reset_in_forked_child
+from fastdata._fork import reset_in_forked_child, this_process
+from fastdata._runtime import DatasetRuntime
+from fastdata.batch import (
+    ID_KEY,
+    Batch,
+    OnError,
+    SkippedBatch,
+    VarTensor,
+    _to_torch,
+    check_on_error,
+    split_batch,
+)
 from fastdata.config import CacheConfig, FastdataConfig, parse_size
 from fastdata.errors import ConfigError, CorruptRecordError
 from fastdata.index import SampleIndex
 from fastdata.plan import EpochOrder, EpochPlan, PlanConfig, ShuffleMode
-from fastdata.prefetch import BufferPool, Prefetcher
+from fastdata.prefetch import Prefetcher
 from fastdata.spec import DatasetSpec, epoch_order
-from fastdata.store import Store
 
 __all__ = [
+    "ID_KEY",
     "Batch",
     "Dataset",
     "OnError",
     "SkippedBatch",
     "VarTensor",
+    "check_on_error",
     "close_open_datasets",
     "split_batch",
 ]
 
 logger = logging.getLogger(__name__)
-
-ID_KEY = "__id__"
-"""Batch and sample key holding the sample ids (int64)."""
-
-
-class VarTensor:
-    """A variable-length field of a batch: a sequence of its samples.
-
-    ``len(v)`` is the number of samples, ``v[i]`` is sample ``i`` (``bytes`` for a bytes
-    field, ``str`` for a str field, a tensor view shaped like the sample for an array
-    field), ``v[a:b]`` is a ``VarTensor`` of those samples, and iterating yields the
-    samples. Zero-copy users read ``values`` (every sample's elements back to back,
-    ``uint8`` for bytes and str fields) and ``offsets`` (int64, N + 1 entries: sample
-    ``i`` is ``values[offsets[i]:offsets[i+1]]``) directly.
-
-    Whether a field is a ``VarTensor`` is decided by the dataset's schema when the index
-    is built (NOTE[field-kinds]), never by the lengths in one batch.
-
-    ``torch.save`` writes it as a plain ``OrderedDict`` of tensors (``values``,
-    ``offsets``, ``shapes``, ``kind``), so a saved batch loads with
-    ``torch.load(weights_only=True)``; :meth:`from_dict` turns that back into a
-    ``VarTensor``. Between DataLoader worker processes it travels as itself.
-    """
-
-    __slots__ = ("kind", "offsets", "shapes", "values")
-
-    values: torch.Tensor
-    offsets: torch.Tensor
-    shapes: torch.Tensor | None
-    kind: str
-
-    def __init__(
-        self,
-        values: torch.Tensor,
-        offsets: torch.Tensor,
-        kind: str = "bytes",
-        shapes: torch.Tensor | None = None,
-    ) -> None:
-        if kind not in ("bytes", "str", "array"):
-            raise ConfigError(f"VarTensor kind must be 'bytes', 'str' or 'array', not {kind!r}")
-        self.values = values
-        """Every sample's elements, back to back."""
-        self.offsets = offsets
-        """int64, N + 1 entries, in elements of ``values``."""
-        self.kind = kind
-        """What a sample is: ``"bytes"``, ``"str"`` (UTF-8 in ``values``) or ``"array"``."""
-        self.shapes = shapes
-        """int64 ``[N, ndim]``: each sample's shape (array fields), else ``None``."""
-
-    # -- a sequence of samples ---------------------------------------------------------
-
-    def __len__(self) -> int:
-        return max(0, int(self.offsets.shape[0]) - 1)
-
-    def __getitem__(self, i: int | slice) -> Any:
-        if isinstance(i, slice):
-            return self._slice(i)
-        if not isinstance(i, int | np.integer) or isinstance(i, bool):
-            raise TypeError(f"VarTensor indices must be int or slice, not {type(i).__name__}")
-        n = len(self)
-        j = int(i) + n if i < 0 else int(i)
-        if not 0 <= j < n:
-            raise IndexError(f"sample {i} out of range for a VarTensor of {n} samples")
-        part = self.item(j)
-        if self.kind == "array":
-            return part if self.shapes is None else part.reshape(self.shapes[j].tolist())
-        raw = part.cpu().numpy().tobytes()
-        return raw.decode("utf-8") if self.kind == "str" else raw
-
-    def __iter__(self) -> Iterator[Any]:
-        for i in range(len(self)):
-            yield self[i]
-
-    def _slice(self, which: slice) -> VarTensor:
-        start, stop, step = which.indices(len(self))
-        if step != 1:
-            raise IndexError("VarTensor slices must be contiguous (step 1)")
-        stop = max(start, stop)
-        offsets = self.offsets[start : stop + 1]
-        first = int(offsets[0]) if len(offsets) else 0
-        last = int(offsets[-1]) if len(offsets) else 0
-        shapes = self.shapes[start:stop] if self.shapes is not None else None
-        values = self.values[first:last]
-        return VarTensor(values, offsets - first if len(offsets) else offsets, self.kind, shapes)
-
-    def __repr__(self) -> str:
-        return (
-            f"VarTensor({len(self)} samples, kind={self.kind!r}, values={self.values.dtype} "
-            f"x {int(self.values.numel())}, device={self.values.device})"
-        )
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, VarTensor):
-            return NotImplemented
-        same_shapes = (self.shapes is None) == (other.shapes is None) and (
-            self.shapes is None
-            or other.shapes is None
-            or torch.equal(self.shapes.cpu(), other.shapes.cpu())
-        )
-        return (
-            self.kind == other.kind
-            and same_shapes
-            and torch.equal(self.offsets.cpu(), other.offsets.cpu())
-            and torch.equal(self.values.cpu(), other.values.cpu())
-        )
-
-    __hash__ = None  # type: ignore[assignment]  # mutable tensors inside, like Tensor lists
-
-    def item(self, i: int) -> torch.Tensor:
-        """The flat elements of sample ``i`` (a view of ``values``)."""
-        start, end = int(self.offsets[i]), int(self.offsets[i + 1])
-        return self.values[start:end]
-
-    def tolist(self) -> list[Any]:
-        """Each sample as ``v[i]`` gives it: ``bytes``, ``str``, or a tensor (arrays)."""
-        if self.kind == "array":
-            return list(self)
-        raw = self.values.cpu().numpy().tobytes()
-        size = self.values.element_size()
-        parts = [raw[a * size : b * size] for a, b in itertools.pairwise(self.offsets.tolist())]
-        return [p.decode("utf-8") for p in parts] if self.kind == "str" else parts
-
-    # -- tensors -----------------------------------------------------------------------
-
-    def to(self, *args: Any, **kwargs: Any) -> VarTensor:
-        """``values`` moved or cast like ``Tensor.to``; ``offsets`` and ``shapes`` moved
-        (never cast: they stay int64)."""
-        values = self.values.to(*args, **kwargs)
-        device = values.device
-        non_blocking = bool(kwargs.get("non_blocking", False))
-        offsets = self.offsets.to(device, non_blocking=non_blocking)
-        shapes = (
-            self.shapes.to(device, non_blocking=non_blocking) if self.shapes is not None else None
-        )
-        return VarTensor(values, offsets, self.kind, shapes)
-
-    def pin_memory(self, device: Any = None) -> VarTensor:
-        """Both tensors in pinned memory (what torch's ``pin_memory`` calls)."""
-        shapes = self.shapes.pin_memory() if self.shapes is not None else None
-        return VarTensor(self.values.pin_memory(), self.offsets.pin_memory(), self.kind, shapes)
-
-    def record_stream(self, stream: Any) -> None:
-        """``Tensor.record_stream`` on every tensor (CUDA copies on a side stream)."""
-        for t in (self.values, self.offsets, self.shapes):
-            if t is not None:
-                t.record_stream(stream)
-
-    # -- saving ------------------------------------------------------------------------
-
-    def to_dict(self) -> collections.OrderedDict[str, Any]:
-        """The plain form ``torch.save`` writes (tensors, a str, maybe ``None``)."""
-        return collections.OrderedDict(
-            values=self.values, offsets=self.offsets, kind=self.kind, shapes=self.shapes
-        )
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> VarTensor:
-        """A ``VarTensor`` from :meth:`to_dict` (a batch loaded with ``weights_only``)."""
-        try:
-            return cls(data["values"], data["offsets"], data["kind"], data.get("shapes"))
-        except (KeyError, TypeError) as exc:
-            raise ConfigError(f"not a saved VarTensor: {data!r:.200}") from exc
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # NOTE[vartensor-save]: the plain form, so that torch.load(weights_only=True)
-        # (which allows OrderedDict and tensors, not our class) reads a saved batch.
-        # Worker processes use the ForkingPickler reducer registered below instead.
-        return (collections.OrderedDict, (list(self.to_dict().items()),))
-
-    def __copy__(self) -> VarTensor:
-        return VarTensor(self.values, self.offsets, self.kind, self.shapes)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> VarTensor:
-        return VarTensor(
-            copy.deepcopy(self.values, memo),
-            copy.deepcopy(self.offsets, memo),
-            self.kind,
-            copy.deepcopy(self.shapes, memo),
-        )
-
-
-def _rebuild_var_tensor(
-    values: torch.Tensor, offsets: torch.Tensor, kind: str, shapes: torch.Tensor | None
-) -> VarTensor:
-    return VarTensor(values, offsets, kind, shapes)
-
-
-def _reduce_var_tensor(v: VarTensor) -> tuple[Any, ...]:
-    return (_rebuild_var_tensor, (v.values, v.offsets, v.kind, v.shapes))
-
-
-# NOTE[vartensor-save]: between processes (DataLoader workers) a VarTensor stays itself,
-# its tensors shared through torch's own reducers.
-multiprocessing.reduction.ForkingPickler.register(VarTensor, _reduce_var_tensor)
-
-
-OnError = Literal["raise", "skip"]
-"""What a sample that cannot be read or transformed does (NOTE[bad-samples])."""
-
-
-def check_on_error(on_error: object) -> OnError:
-    """``on_error`` checked: ``"raise"`` or ``"skip"``.
-
-    Raises:
-        ConfigError: Anything else.
-    """
-    if on_error == "raise":
-        return "raise"
-    if on_error == "skip":
-        return "skip"
-    raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-
-
-class SkippedBatch:
-    """What a fetch yields for a planned batch (or, with ``batch_size=None``, a planned
-    sample) whose every sample was skipped under ``on_error="skip"``.
-
-    ``fastdata.DataLoader`` counts it as a consumed step and hands nothing out, so
-    ``state_dict()`` stays exact (NOTE[bad-samples]).
-    """
-
-    __slots__ = ("sample_ids",)
-
-    def __init__(self, sample_ids: Sequence[int]) -> None:
-        self.sample_ids = [int(i) for i in sample_ids]
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (SkippedBatch, (self.sample_ids,))
-
-    def __repr__(self) -> str:
-        return f"SkippedBatch({self.sample_ids})"
-
-
-Batch = dict[str, Any]
-"""``field -> Tensor | VarTensor``, plus ``"__id__"``; or what a ``collate_fn`` returns."""
-
-
-def _to_torch(value: Any) -> Any:
-    if isinstance(value, record.VarBatch):
-        shapes = torch.from_numpy(value.shapes) if value.shapes is not None else None
-        return VarTensor(
-            torch.from_numpy(value.values), torch.from_numpy(value.offsets), value.kind, shapes
-        )
-    return torch.from_numpy(value)
-
-
-def split_batch(batch: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Split a gathered batch into per-sample dicts (views where the field is a tensor).
-
-    Variable-length bytes fields become ``bytes``, str fields ``str``, scalar int and
-    bool fields (labels) Python ``int``/``bool``, and variable-shape arrays tensors of the
-    sample's shape.
-
-    Args:
-        batch: A batch from :meth:`Dataset.fetch_batch`.
-
-    Returns:
-        One dict per sample, in batch order.
-    """
-    ids = batch[ID_KEY]
-    count = len(ids)
-    samples: list[dict[str, Any]] = [{ID_KEY: int(i)} for i in ids.tolist()]
-    for name, value in batch.items():
-        if name == ID_KEY:
-            continue
-        if isinstance(value, VarTensor):
-            for sample, part in zip(samples, value.tolist(), strict=True):
-                sample[name] = part
-        elif value.ndim == 1 and not value.is_floating_point() and not value.is_complex():
-            # Scalar ints (labels) as Python ints, as a map-style dataset would give them.
-            for sample, item in zip(samples, value.tolist(), strict=True):
-                sample[name] = item
-        else:
-            for i in range(count):
-                samples[i][name] = value[i]
-    return samples
-
-
-class _Runtime:
-    """Live handles of one process: store, cache chain, buffer pool (NOTE[dataset-runtime])."""
-
-    def __init__(self, dataset: Dataset) -> None:
-        self.pid = os.getpid()
-        config = dataset.config
-        self.store = Store(
-            dataset.index.url, storage_options=dataset.storage_options, config=config.store
-        )
-        self.cache = ReadThroughCache(
-            default_tiers(config.cache), dataset.index.source(self.store), config=config.cache
-        )
-        # Pinning pays off only in the process that feeds the accelerator; a worker
-        # process's batches are copied into shared memory by torch anyway.
-        in_worker = get_worker_info() is not None
-        self.pool = BufferPool.from_config(config.prefetch, pin=False if in_worker else None)
-
-    def close(self) -> None:
-        self.cache.close()
-        self.pool.close()
-        self.store.close()
 
 
 class Dataset(IterableDataset[Any]):
@@ -466,7 +172,7 @@ class Dataset(IterableDataset[Any]):
         self.field_kinds: dict[str, str] = self.index.field_kinds
         """NOTE[field-kinds]: each field's kind from the schema (``SampleIndex.field_kinds``)."""
         self.epoch = 0
-        self._runtime: _Runtime | None = None
+        self._runtime: DatasetRuntime | None = None
         self._reset()
         reset_in_forked_child(self)
 
@@ -487,19 +193,29 @@ class Dataset(IterableDataset[Any]):
         """A new lock, no prefetchers and no skip counts: at construction, unpickling, and
         in every forked child, where the parent's lock may have been held by one of its
         threads at the fork and none of the parent's prefetchers run
-        (``reset_in_forked_child``)."""
+        (``reset_in_forked_child``, NOTE[fork])."""
         self._runtime_lock = threading.Lock()
         self._prefetchers: weakref.WeakSet[Prefetcher[np.ndarray, Any]] = weakref.WeakSet()
         self._skipped: list[int] = []
 
-    def runtime(self) -> _Runtime:
+    def runtime(self) -> DatasetRuntime:
         """This process's store, cache and pool, opened on first use."""
         with self._runtime_lock:
             runtime = self._runtime
-            if runtime is None or runtime.pid != os.getpid():
-                runtime = self._runtime = _Runtime(self)
+            if runtime is None or not this_process(runtime.pid):  # NOTE[fork]
+                runtime = self._runtime = DatasetRuntime(
+                    self.index,
+                    self.config,
+                    self.storage_options,
+                    in_worker=get_worker_info() is not None,
+                )
                 _OPEN.add(self)
             return runtime
+
+    def current_runtime(self) -> DatasetRuntime | None:
+        """This process's runtime if it has opened one, else ``None`` (opens nothing)."""
+        runtime = self._runtime
+        return runtime if runtime is not None and this_process(runtime.pid) else None
 
     def close(self) -> None:
         """Stop this process's prefetchers and close its handles; the next use opens new ones.
@@ -510,7 +226,7 @@ class Dataset(IterableDataset[Any]):
             prefetcher.close()
         with self._runtime_lock:
             runtime, self._runtime = self._runtime, None
-        if runtime is not None and runtime.pid == os.getpid():
+        if runtime is not None and this_process(runtime.pid):
             runtime.close()
 
     def __enter__(self) -> Dataset:
@@ -572,6 +288,18 @@ class Dataset(IterableDataset[Any]):
     def order(self, epoch: int, config: PlanConfig | None = None) -> EpochOrder:
         """The canonical global order of ``epoch`` (same on every rank and worker)."""
         return epoch_order(self.index, config or self.plan_config, epoch)
+
+    def plan(
+        self,
+        epoch: int,
+        config: PlanConfig | None = None,
+        *,
+        world_size: int = 1,
+        rank: int = 0,
+        cursor: int = 0,
+    ) -> EpochPlan:
+        """This rank's plan of ``epoch`` from ``cursor`` on: the one place plans are built."""
+        return EpochPlan(self.order(epoch, config), world_size=world_size, rank=rank, cursor=cursor)
 
     def shard_sizes(self) -> np.ndarray:
         """Samples per source object, in id order (the shards of ``shard_window``)."""
@@ -774,7 +502,7 @@ class Dataset(IterableDataset[Any]):
         world_size, rank = distributed_world()
         info = get_worker_info()
         worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        plan = EpochPlan(self.order(self.epoch), world_size=world_size, rank=rank)
+        plan = self.plan(self.epoch, world_size=world_size, rank=rank)
         with self.prefetch(
             plan, worker_id=worker_id, num_workers=num_workers, unbatch=True
         ) as sample_lists:
@@ -793,10 +521,8 @@ def close_open_datasets() -> None:
     interpreter exit (``atexit``), and in DataLoader worker processes, which leave
     without ``atexit``, from the loader's worker exit hooks (NOTE[worker-death]).
     """
-    pid = os.getpid()
     for dataset in list(_OPEN):
-        runtime = dataset._runtime
-        if runtime is not None and runtime.pid == pid:
+        if dataset.current_runtime() is not None:
             try:
                 dataset.close()
             except Exception as exc:  # at exit: report and go on with the others

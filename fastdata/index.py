@@ -87,8 +87,6 @@ class DatasetChangedWarning(UserWarning):
     """The dataset changed since its index was built (``consistency="validate"``)."""
 
 
-
-
 def _mix(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     """splitmix64 finaliser, vectorised (wraps modulo 2**64 by design)."""
     x = x + _MIX[0]

@@ -138,11 +138,8 @@ class _WorkerStream(IterableDataset[Any]):
         worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         epoch, cursor = int(self.position[0]), int(self.position[1])
         world_size, rank = self.world
-        plan = EpochPlan(
-            self.dataset.order(epoch, self.plan_config),
-            world_size=world_size,
-            rank=rank,
-            cursor=cursor,
+        plan = self.dataset.plan(
+            epoch, self.plan_config, world_size=world_size, rank=rank, cursor=cursor
         )
         dataset = self.dataset
         try:
@@ -163,8 +160,8 @@ class _WorkerStream(IterableDataset[Any]):
 
 
 def _process_stats(dataset: Dataset) -> dict[str, Any]:
-    runtime = dataset._runtime
-    if runtime is None or runtime.pid != os.getpid():
+    runtime = dataset.current_runtime()
+    if runtime is None:
         return {}
     return {"cache": runtime.cache.stats().as_dict(), "store": asdict(runtime.store.stats())}
 
@@ -356,11 +353,8 @@ class DataLoader:
         if self._plan is not None and self._running_unfinished():
             return self._plan.num_batches
         epoch, cursor = self._position()
-        plan = EpochPlan(
-            self.dataset.order(epoch, self.plan_config),
-            world_size=self.world_size,
-            rank=self.rank,
-            cursor=cursor,
+        plan: EpochPlan = self.dataset.plan(
+            epoch, self.plan_config, world_size=self.world_size, rank=self.rank, cursor=cursor
         )
         return plan.num_batches
 
@@ -420,11 +414,8 @@ class DataLoader:
             self._close_active()
         epoch, cursor = self._position()
         self._epoch, self._resume_cursor = epoch, cursor
-        plan = EpochPlan(
-            self.dataset.order(epoch, self.plan_config),
-            world_size=self.world_size,
-            rank=self.rank,
-            cursor=cursor,
+        plan = self.dataset.plan(
+            epoch, self.plan_config, world_size=self.world_size, rank=self.rank, cursor=cursor
         )
         self._plan, self._steps, self._samples = plan, 0, 0
         self._reset_timing()
@@ -643,7 +634,7 @@ class DataLoader:
         elapsed = max(self._last_s - self._started_s, 0.0)
         cache = store = None
         queue_depth = 0.0
-        runtime = self.dataset._runtime if self.num_workers == 0 else None
+        runtime = self.dataset.current_runtime() if self.num_workers == 0 else None
         if runtime is not None:
             cache = runtime.cache.stats().as_dict()
             store = asdict(runtime.store.stats())

@@ -57,11 +57,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata import record
+from fastdata._fork import reset_in_forked_child, this_process
+from fastdata._runtime import DatasetRuntime
 from fastdata.cache import ReadThroughCache
-from fastdata.cache.tier import Lease, reset_in_forked_child
+from fastdata.cache.tier import Lease
 from fastdata.config import FastdataConfig, parse_size
 from fastdata.dataset import (
     _OPEN,
@@ -72,7 +74,6 @@ from fastdata.dataset import (
     SkippedBatch,
     _grouped,
     _merge_config,
-    _Runtime,
     _shuffle_mode,
     check_on_error,
 )
@@ -921,11 +922,16 @@ class ChunkReader:
             pool.shutdown(wait=False)
 
 
-class _TokenRuntime(_Runtime):
+class _TokenRuntime(DatasetRuntime):
     """The dataset's per-process handles plus its :class:`ChunkReader`."""
 
     def __init__(self, dataset: TokenDataset) -> None:
-        super().__init__(dataset)
+        super().__init__(
+            dataset.index,  # a BlockIndex: the same source protocol as a SampleIndex
+            dataset.config,
+            dataset.storage_options,
+            in_worker=get_worker_info() is not None,
+        )
         window = dataset.window_chunks + 1  # a window of positions spans one more chunk
         self.chunks = ChunkReader(
             dataset.blocks,
@@ -1183,7 +1189,7 @@ class TokenDataset(Dataset):
         """This process's store, cache, pool and chunk reader, opened on first use."""
         with self._runtime_lock:
             runtime = self._runtime
-            if runtime is None or runtime.pid != os.getpid():
+            if runtime is None or not this_process(runtime.pid):  # NOTE[fork]
                 runtime = self._runtime = _TokenRuntime(self)
                 _OPEN.add(self)
             return cast(_TokenRuntime, runtime)

@@ -27,9 +27,10 @@ from typing import Any, Literal
 
 import lmdb
 
+from fastdata._fork import reset_in_forked_child, this_process
 from fastdata.cache import _lmdb_env
 from fastdata.cache.lmdb_budget import map_budget_bytes
-from fastdata.cache.tier import StatsRecorder, reset_in_forked_child
+from fastdata.cache.tier import StatsRecorder
 from fastdata.config import CacheConfig
 from fastdata.errors import ConfigError
 
@@ -90,7 +91,7 @@ class LmdbCore:
             return None
         handle = self._handle
         now = time.monotonic()
-        if handle is not None and handle.pid == os.getpid() and not handle.closed:
+        if handle is not None and this_process(handle.pid) and not handle.closed:
             damage = handle.damage()  # NOTE[lmdb-shrink]: one fstat per call
             if damage is not None:
                 if self._damage_seen is not handle:
@@ -110,7 +111,7 @@ class LmdbCore:
             if now < self._retry_at:
                 return None
             self._handle = None
-            if handle is not None and handle.pid == os.getpid():
+            if handle is not None and this_process(handle.pid):  # NOTE[fork]
                 _lmdb_env.release(handle)
             budget = map_budget_bytes(self.config.max_bytes, self.config.lmdb_max_readers)
             try:

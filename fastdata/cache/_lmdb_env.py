@@ -81,6 +81,7 @@ from pathlib import Path
 
 import lmdb
 
+from fastdata._fork import at_fork, this_process
 from fastdata.cache._lmdb_file import CHECKABLE, DamagedFile, check_data_file
 from fastdata.errors import CacheError
 
@@ -237,7 +238,7 @@ class EnvHandle:
 
     def is_current(self) -> bool:
         """Open in this process, not damaged, and its data file is still the directory's."""
-        if self.closed or self.abandoned or self.pid != os.getpid():
+        if self.closed or self.abandoned or not this_process(self.pid):
             return False
         if self.damaged or self.failed:
             return False
@@ -333,7 +334,7 @@ class EnvHandle:
 
     def close(self, timeout_s: float) -> bool:
         """Close the environment once no transaction is open; ``False`` if still busy."""
-        if self.closed or self.abandoned or self.pid != os.getpid():
+        if self.closed or self.abandoned or not this_process(self.pid):
             return True
         if not self.gate.acquire_exclusive(timeout_s):
             return False
@@ -373,7 +374,7 @@ def acquire(root: Path, *, budget_map_bytes: int, max_readers: int, readahead: b
         handle = _HANDLES.get(root)
         if handle is not None and not handle.is_current():
             del _HANDLES[root]
-            if handle.pid == os.getpid() and not handle.abandoned and handle.refs == 0:
+            if this_process(handle.pid) and not handle.abandoned and handle.refs == 0:
                 handle.close(timeout_s=0.0)
             handle = None
         if handle is None:
@@ -420,7 +421,7 @@ def release(handle: EnvHandle) -> None:
     if handle.close(timeout_s=_RESIZE_WAIT_S):
         return
     with _REGISTRY_LOCK:
-        if handle.closed or handle.abandoned or handle.pid != os.getpid():
+        if handle.closed or handle.abandoned or not this_process(handle.pid):
             return
         handle.close_pending = True
         _CLOSING[handle.root] = handle
@@ -434,7 +435,7 @@ def release(handle: EnvHandle) -> None:
 def _close_if_pending(handle: EnvHandle) -> None:
     # NOTE[lmdb-close]: under the registry lock, so acquire() cannot take it back meanwhile.
     with _REGISTRY_LOCK:
-        if not handle.close_pending or handle.pid != os.getpid():
+        if not handle.close_pending or not this_process(handle.pid):
             return
         if not handle.close(timeout_s=0.0):
             return  # another hold is still open; the last one comes back here
@@ -857,9 +858,6 @@ def _after_fork_child() -> None:
     _CLOSING.clear()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(
-        before=_before_fork,
-        after_in_parent=_after_fork_parent,
-        after_in_child=_after_fork_child,
-    )
+at_fork(  # NOTE[fork], NOTE[lmdb-fork]
+    before=_before_fork, after_in_parent=_after_fork_parent, after_in_child=_after_fork_child
+)

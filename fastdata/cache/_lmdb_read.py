@@ -17,6 +17,7 @@ from typing import Any
 import lmdb
 
 from fastdata import record
+from fastdata._fork import this_process
 from fastdata.cache import _lmdb_env
 from fastdata.cache._lmdb_entry import HEADER, MAGIC, all_current, entry_ok
 from fastdata.cache._lmdb_meta import LmdbMeta
@@ -356,8 +357,9 @@ class LmdbReads(LmdbMeta):
 
 def _releaser(handle: _lmdb_env.EnvHandle, txn: Any, token: list[int]) -> Callable[[], None]:
     def release() -> None:
-        # NOTE[lmdb-fork]: a lease inherited by a child must not touch the parent's txn.
-        if os.getpid() != handle.pid:
+        # NOTE[lmdb-fork], NOTE[fork]: a lease inherited by a child must not touch the
+        # parent's txn.
+        if not this_process(handle.pid):
             return
         _end_read(handle, txn, token)
 

@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import Any, Literal
 
+from fastdata._fork import PerProcess
 from fastdata.cache._lmdb_pages import PageWalker
 
 __all__ = ["Readahead", "is_resident", "iter_value_spans", "value_spans"]
@@ -119,8 +120,7 @@ class Readahead:
         self.threads = threads
         self._calm = 0
         self._skip_probes = 0
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_pid = 0
+        self._pool: PerProcess[ThreadPoolExecutor] = PerProcess()  # NOTE[fork]
         self._lock = threading.Lock()
         self._hinted: dict[bytes, None] = {}
         self._pending: list[bytes] = []
@@ -268,18 +268,16 @@ class Readahead:
         with self._lock:
             if self._closed:
                 return None
-            if self._pool is None or self._pool_pid != os.getpid():
-                self._pool = ThreadPoolExecutor(
-                    self.threads, thread_name_prefix="fastdata-readahead"
-                )
-                self._pool_pid = os.getpid()
-            return self._pool
+            return self._pool.get(self._new_pool)
+
+    def _new_pool(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(self.threads, thread_name_prefix="fastdata-readahead")
 
     def close(self) -> None:
         """Stop the pool threads (they finish the advice in flight); no pool is made again."""
         with self._lock:
             self._closed = True
             self._pending.clear()
-            pool, self._pool = self._pool, None
-        if pool is not None and self._pool_pid == os.getpid():
+            pool = self._pool.take()  # NOTE[fork]: a parent's pool is not ours to stop
+        if pool is not None:
             pool.shutdown(wait=True)

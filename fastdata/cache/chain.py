@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from fastdata import record
+from fastdata._fork import reset_in_forked_child
 from fastdata.cache.lmdb_tier import LmdbTier
 from fastdata.cache.ram import RamTier
 from fastdata.cache.tier import (
@@ -47,7 +48,6 @@ from fastdata.cache.tier import (
     counter,
     counter_names,
     plain_dict,
-    reset_in_forked_child,
 )
 from fastdata.config import CacheConfig
 from fastdata.errors import ConfigError, CorruptRecordError

@@ -24,6 +24,7 @@ import os
 
 import lmdb
 
+from fastdata._fork import this_process
 from fastdata.cache import _lmdb_env
 from fastdata.cache._lmdb_core import WriteState
 from fastdata.cache._lmdb_entry import entry_header
@@ -104,7 +105,7 @@ class LmdbTier(LmdbReads, LmdbWrites):
             self._closed = True
             handle, self._handle = self._handle, None
         self._readahead.close()
-        if handle is not None and handle.pid == os.getpid():
+        if handle is not None and this_process(handle.pid):  # NOTE[fork]
             self._flush_node_counters(handle)
             _lmdb_env.release(handle)
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastdata import record
+from fastdata._fork import reset_in_forked_child
 from fastdata.cache.policy import DatasetUsage, choose_admitted, idle_victims, window_victims
 from fastdata.cache.tier import (
     DATASET_ID_BYTES,
@@ -43,7 +44,6 @@ from fastdata.cache.tier import (
     check_items,
     check_keys,
     check_num_samples,
-    reset_in_forked_child,
 )
 from fastdata.config import CacheConfig
 from fastdata.errors import ConfigError

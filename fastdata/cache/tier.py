@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import bisect
 import operator
-import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -59,7 +57,6 @@ __all__ = [
     "make_key",
     "node_counter",
     "plain_dict",
-    "reset_in_forked_child",
 ]
 
 KEY_BYTES = 16
@@ -148,33 +145,6 @@ def check_num_samples(num_samples: object) -> int:
     if count < 0:
         raise ConfigError(f"num_samples must not be negative, got {count}")
     return count
-
-
-class _Resettable(Protocol):
-    def _reset(self) -> None: ...
-
-
-_RESET_IN_CHILD: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def reset_in_forked_child(obj: _Resettable) -> None:
-    """Call ``obj._reset()`` in every child forked from this process while ``obj`` lives.
-
-    A lock held by another thread at ``fork()`` stays locked in the child forever, and
-    state that thread was changing is half changed, so every cache object starts a
-    forked child with new locks and empty per-process state; each says what it keeps
-    in its own note (NOTE[ram-fork], NOTE[lmdb-fork], NOTE[singleflight]).
-    """
-    _RESET_IN_CHILD.add(obj)
-
-
-def _reset_all_in_child() -> None:
-    for obj in list(_RESET_IN_CHILD):
-        obj._reset()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_all_in_child)
 
 
 @dataclass(frozen=True, slots=True)

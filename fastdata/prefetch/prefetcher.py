@@ -56,6 +56,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from fastdata._fork import this_process
 from fastdata.config import PrefetchConfig
 from fastdata.errors import ConfigError, FastdataError
 
@@ -305,7 +306,7 @@ class Prefetcher(Generic[B, T]):
     def __next__(self) -> T:
         if self._closed:
             raise StopIteration
-        if os.getpid() != self._pid:
+        if not this_process(self._pid):  # NOTE[fork]
             raise FastdataError(
                 "this Prefetcher was created in another process (before a fork); "
                 "create one per process, after the fork"

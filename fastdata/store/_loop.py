@@ -3,10 +3,9 @@
 NOTE[store-loop]: the store runs all of its I/O as coroutines on one event loop that lives
 in a daemon thread, started lazily by the first call that needs it. Callers block on a
 ``concurrent.futures.Future`` until their coroutine finishes. The loop belongs to the
-process that started it: ``process_loop()`` compares the PID, so a forked child never
-touches its parent's loop (whose thread does not exist in the child) and starts its own.
-The module lock is replaced in the child by an ``os.register_at_fork`` hook, because a
-fork taken while another thread held it would leave it locked forever.
+process that started it: ``process_loop()`` keeps it in a ``PerProcess`` holder
+(NOTE[fork]), so a forked child never touches its parent's loop (whose thread does not
+exist in the child) and starts its own.
 """
 
 from __future__ import annotations
@@ -18,12 +17,13 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from fastdata._fork import PerProcess
+
 __all__ = ["LoopThread", "process_loop"]
 
 T = TypeVar("T")
 
-_lock = threading.Lock()
-_current: LoopThread | None = None
+_LOOP: PerProcess[LoopThread] = PerProcess()
 
 
 class LoopThread:
@@ -72,20 +72,4 @@ class LoopThread:
 
 def process_loop() -> LoopThread:
     """The loop thread of this process, started on first use (see NOTE[store-loop])."""
-    global _current
-    current = _current
-    if current is not None and current.pid == os.getpid():
-        return current
-    with _lock:
-        if _current is None or _current.pid != os.getpid():
-            _current = LoopThread()
-        return _current
-
-
-def _after_fork_in_child() -> None:
-    global _lock, _current
-    _lock = threading.Lock()
-    _current = None
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+    return _LOOP.get(LoopThread)

@@ -1,7 +1,7 @@
 """``Store``: the batch API over one root of an object store.
 
 NOTE[store-fork]: a ``Store`` holds configuration; its live parts (event loop, client,
-counters) are built lazily per process and tagged with the PID that built them. A store
+counters) are built lazily per process in a ``PerProcess`` holder (NOTE[fork]). A store
 used in a parent and then used in a forked child (a DataLoader worker) builds new ones in
 the child at its first call; pickling carries the configuration only. Which client the
 child gets follows NOTE[obstore-fork].
@@ -15,7 +15,6 @@ import functools
 import logging
 import os
 import random
-import threading
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 
+from fastdata._fork import PerProcess, this_process
 from fastdata.config import StoreConfig
 from fastdata.errors import ConfigError
 from fastdata.store import _obstore
@@ -117,9 +117,7 @@ class Store:
         self.config = config or StoreConfig()
         self._rest = rest.strip("/")
         self._preferred = choose_backend(protocol, self.config.backend, self.storage_options)
-        self._proc: _Process | None = None
-        self._lock = threading.Lock()
-        self._lock_pid = os.getpid()
+        self._proc: PerProcess[_Process] = PerProcess()
 
     # -- per-process state (NOTE[store-fork]) ------------------------------------------
 
@@ -157,27 +155,18 @@ class Store:
     @property
     def backend(self) -> BackendName:
         """The backend this process uses (or will use) for this store."""
-        proc = self._proc
-        if proc is not None and proc.pid == os.getpid():
+        proc = self._proc.peek()
+        if proc is not None:
             return proc.backend.name
         if self._preferred == "obstore" and not _obstore.runtime_usable():
             return "fsspec"
         return self._preferred
 
     def _state(self) -> _Process:
-        proc = self._proc
-        pid = os.getpid()
-        if proc is not None and proc.pid == pid:
-            return proc
-        if self._lock_pid != pid:
-            # A fork may have copied the lock while another thread held it.
-            self._lock, self._lock_pid = threading.Lock(), pid
-        with self._lock:
-            if self._proc is None or self._proc.pid != pid:
-                self._proc = self._build(pid)
-            return self._proc
+        return self._proc.get(self._build)
 
-    def _build(self, pid: int) -> _Process:
+    def _build(self) -> _Process:
+        pid = os.getpid()
         counters = Counters()
         loop = process_loop()
         backend: Backend
@@ -405,17 +394,16 @@ class Store:
 
     def stats(self) -> StoreStats:
         """Counters of this handle in this process (zero before the first call)."""
-        proc = self._proc
-        if proc is None or proc.pid != os.getpid():
+        proc = self._proc.peek()
+        if proc is None:
             return StoreStats(backend=self.backend)
         return proc.counters.snapshot(proc.backend.name)
 
     def close(self) -> None:
         """Release this process's client; the next call builds a new one."""
-        proc = self._proc
-        if proc is None or proc.pid != os.getpid():
+        proc = self._proc.take()  # NOTE[fork]: a parent's client is not ours to close
+        if proc is None:
             return
-        self._proc = None
         proc.loop.run(proc.backend.close())
 
     def __enter__(self) -> Store:
@@ -427,8 +415,8 @@ class Store:
 
 def _release(pid: int, loop: LoopThread, backend: Backend) -> None:
     """Close a collected store's client (at garbage collection or interpreter exit)."""
-    if os.getpid() != pid:
-        return  # NOTE[store-fork]: the parent's client is not ours to close
+    if not this_process(pid):
+        return  # NOTE[store-fork], NOTE[fork]: the parent's client is not ours to close
     future = loop.submit(backend.close())
     if loop.is_current():
         return

@@ -17,7 +17,7 @@ descriptor of the file drops all of them, and a second lock by the same process 
 succeeds. So each process opens a claims file once (:class:`ClaimFile` is shared per
 path and process, reference counted) and keeps the units it holds in a set, which also
 keeps two ``warm`` calls of one process apart. A forked child starts with no locks and
-opens its own.
+opens its own (NOTE[fork]).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import os
 import threading
 from pathlib import Path
 
+from fastdata._fork import at_fork, this_process
 from fastdata.errors import CacheError
 
 __all__ = ["ClaimFile"]
@@ -98,7 +99,7 @@ class ClaimFile:
         """Drop this user's reference; the last one unlocks everything and closes the file."""
         with _OPEN_LOCK:
             self._refs -= 1
-            if self._refs > 0 or self._pid != os.getpid():
+            if self._refs > 0 or not this_process(self._pid):
                 return
             _OPEN.pop((self._pid, self.path), None)
         with self._lock:
@@ -115,5 +116,4 @@ def _after_fork_in_child() -> None:
     _OPEN.clear()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+at_fork(after_in_child=_after_fork_in_child)  # NOTE[fork]
