@@ -296,6 +296,9 @@ def split_batch(batch: Mapping[str, Any]) -> list[dict[str, Any]]:
         if isinstance(value, VarTensor):
             for sample, part in zip(samples, value.tolist(), strict=True):
                 sample[name] = part
+        elif isinstance(value, list):  # per-sample metadata (``__key__``)
+            for sample, item in zip(samples, value, strict=True):
+                sample[name] = item
         elif value.ndim == 1 and not value.is_floating_point() and not value.is_complex():
             # Scalar ints (labels) as Python ints, as a map-style dataset would give them.
             for sample, item in zip(samples, value.tolist(), strict=True):

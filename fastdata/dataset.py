@@ -65,6 +65,9 @@ from fastdata.plan import EpochOrder, EpochPlan, PlanConfig, ShuffleMode
 from fastdata.prefetch import Prefetcher
 from fastdata.spec import DatasetSpec, epoch_order
 
+METADATA = frozenset({"__key__"})
+"""Names ``Dataset(metadata=...)`` accepts."""
+
 __all__ = [
     "ID_KEY",
     "Batch",
@@ -115,6 +118,9 @@ class Dataset(IterableDataset[Any]):
             with a note naming the sample id and where it lives (object key, byte range,
             row or member count); ``"skip"`` logs it, counts it
             (:attr:`skipped_samples`) and leaves it out of its batch.
+        metadata: Per-sample metadata to add to every batch, from the sample table (it
+            costs no read and no cache space): ``"__key__"``, each sample's object key
+            relative to ``url`` (a list of ``str``).
 
     Raises:
         ConfigError: A bad argument, or nothing to read at ``url``.
@@ -142,10 +148,16 @@ class Dataset(IterableDataset[Any]):
         layout_options: Mapping[str, Any] | None = None,
         window_samples: int = PlanConfig.window_samples,
         on_error: OnError = "raise",
+        metadata: Sequence[str] = (),
     ) -> None:
         super().__init__()
         if transform is not None and not callable(transform):
             raise ConfigError(f"transform must be callable, got {transform!r}")
+        if isinstance(metadata, str) or not all(m in METADATA for m in metadata):
+            raise ConfigError(
+                f"metadata must be a sequence of {sorted(METADATA)}, got {metadata!r}"
+            )
+        self.metadata = tuple(dict.fromkeys(metadata))
         self.on_error: OnError = check_on_error(on_error)
         self.spec = DatasetSpec(
             url,
@@ -352,6 +364,8 @@ class Dataset(IterableDataset[Any]):
         for name, values in self.index.index_fields(ids).items():
             if self.fields is None or name in self.fields:
                 batch[name] = torch.from_numpy(values)
+        if "__key__" in self.metadata:
+            batch["__key__"] = self.index.object_keys(ids)
         batch[ID_KEY] = torch.from_numpy(np.array(ids, dtype=np.int64))
         return batch
 

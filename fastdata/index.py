@@ -299,6 +299,13 @@ class SampleIndex:
         layout's ``label``), one array per field in the order of ``sample_ids``."""
         return self.layout.index_fields(self._table.rows[self._ids(sample_ids)])
 
+    def object_keys(self, sample_ids: Any) -> list[str]:
+        """Each sample's object key relative to the URL (``Dataset(metadata=("__key__",))``)."""
+        objects = self._table.rows["obj"][self._ids(sample_ids)]
+        unique, inverse = np.unique(objects, return_inverse=True)
+        paths = [self._table.path(int(o)) for o in unique.tolist()]
+        return [paths[i] for i in inverse.tolist()]
+
     def shard_sizes(self) -> np.ndarray:
         """Samples per source object, in id order (the shards of ``shard_window``)."""
         if self._shard_sizes is None:
