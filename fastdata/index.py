@@ -191,10 +191,15 @@ class SampleIndex:
         self._recipe, self._salt = _key_words(self.store_identity, self.layout)
         self._shard_sizes: np.ndarray | None = None
         self._range_starts: np.ndarray | None = None
-        # NOTE[shared-ranges]: rows of a fetched row group kept until they are read.
-        self._shared = (
-            SharedRanges(what=self.url) if getattr(self.layout, "shares_ranges", False) else None
-        )
+        self.chunk_bytes: int = int(getattr(self.layout, "chunk_bytes", 0) or 0)
+        """The fetch chunk of shard layouts (packed, tar), 0 for others (NOTE[shard-chunks])."""
+        # NOTE[shared-ranges]: rows of a fetched row group (or chunk) kept until they are read.
+        self._identical = bool(getattr(self.layout, "shares_ranges", False))
+        self._shared: SharedRanges | None = None
+        if self._identical:
+            self._shared = SharedRanges(what=self.url)
+        elif self.chunk_bytes:
+            self._shared = SharedRanges(what=self.url, kind=f"{self.layout.name} shard chunks")
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_reopen, (str(self._table.directory), self.storage_options))
@@ -333,14 +338,20 @@ class SampleIndex:
 
     @property
     def shares_ranges(self) -> bool:
-        """Whether rows share fetch ranges (Parquet row groups; NOTE[row-ranges])."""
+        """Whether reads fetch ranges shared by several rows: Parquet row groups
+        (NOTE[row-ranges]), or the fetch chunks of packed and tar shards
+        (NOTE[shard-chunks]). The default shuffle walks them (``epoch_order``)."""
         return self._shared is not None
 
     def _ranges(self) -> np.ndarray:
-        """The first sample id of every run of rows with one fetch range."""
+        """The first sample id of every shared range: a run of rows with one fetch range
+        (Parquet), or a chunk: the rows of one object whose first byte lies in one
+        ``chunk_bytes``-aligned window of it (NOTE[shard-chunks])."""
         if self._range_starts is None:
             rows = self._table.rows
             obj, offset = np.asarray(rows["obj"]), np.asarray(rows["offset"])
+            if self.chunk_bytes and not self._identical:
+                offset = offset // np.uint64(self.chunk_bytes)
             new = np.ones(len(obj), dtype=bool)
             new[1:] = (obj[1:] != obj[:-1]) | (offset[1:] != offset[:-1])
             self._range_starts = np.flatnonzero(new)
@@ -351,13 +362,13 @@ class SampleIndex:
         if len(self) == 0:
             return 0
         lengths = self._table.rows["length"]
-        starts = self._ranges() if self._shared is not None else slice(None)
+        starts = self._ranges() if self._identical else slice(None)
         return int(np.asarray(lengths[starts]).sum()) // len(self)
 
     def unit_sizes(self) -> np.ndarray:
         """Samples per read unit in id order: per row group where rows share fetch ranges
-        (Parquet), else per source object. The shards the epoch plan walks
-        (``fastdata.spec.epoch_order``)."""
+        (Parquet), per fetch chunk of packed and tar shards (NOTE[shard-chunks]), else per
+        source object. The shards the epoch plan walks (``fastdata.spec.epoch_order``)."""
         if self._shared is None:
             return self.shard_sizes()
         return np.diff(np.append(self._ranges(), len(self)))
@@ -415,23 +426,46 @@ class SampleIndex:
                 for r in rids
             ]
             every = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in bounds])
-            samples = self._read_units(store, every)
+            if self._identical:
+                samples = self._read_units(store, every)
+            else:  # one GET per chunk, whatever the gaps inside it (NOTE[shard-chunks])
+                sizes = np.asarray([b - a for a, b in bounds], dtype=np.int64)
+                samples = self._read_units(store, every, np.repeat(np.arange(len(rids)), sizes))
             result: dict[int, dict[int, tuple[Any, int]]] = {}
             pos = 0
             for rid, (a, b) in zip(rids, bounds, strict=True):
-                share = int(lengths[a]) // max(1, b - a)
-                result[rid] = {a + i: (samples[pos + i], share) for i in range(b - a)}
+                if self._identical:
+                    share = [int(lengths[a]) // max(1, b - a)] * (b - a)
+                else:
+                    share = np.asarray(lengths[a:b]).astype(np.int64).tolist()
+                result[rid] = {a + i: (samples[pos + i], share[i]) for i in range(b - a)}
                 pos += b - a
             return result
 
         got = self._shared.read(distinct.tolist(), range_of.tolist(), fetch)
         return [got[i] for i in ids.tolist()]
 
-    def _read_units(self, store: Store, ids: np.ndarray) -> list[Sample]:
-        """Fetch the units of ``ids`` in one ``get_many`` and decode them, in id order."""
+    def _read_units(
+        self, store: Store, ids: np.ndarray, chunk_of: np.ndarray | None = None
+    ) -> list[Sample]:
+        """Fetch the units of ``ids`` in one ``get_many`` and decode them, in id order.
+
+        Args:
+            store: The store to read.
+            ids: Sample ids.
+            chunk_of: When given, the unit of each id (the ids of a unit consecutive in
+                one object): each unit is one request spanning its samples, instead of
+                the units ``plan_units`` makes.
+        """
         rows = self._table.rows[ids]
         start, end = self.layout.fetch_spans(rows)
-        unit_of, unit_obj, unit_start, unit_end = plan_units(rows["obj"], start, end)
+        if chunk_of is None:
+            unit_of, unit_obj, unit_start, unit_end = plan_units(rows["obj"], start, end)
+        else:
+            unit_of = chunk_of
+            firsts = np.flatnonzero(np.diff(chunk_of, prepend=-1))
+            unit_obj, unit_start = rows["obj"][firsts], start[firsts]
+            unit_end = np.maximum.reduceat(end, firsts)
         requests = [
             self._request(int(o), int(s), int(e))
             for o, s, e in zip(unit_obj, unit_start, unit_end, strict=True)

@@ -16,6 +16,18 @@ plus a per-row overhead); beyond it the oldest ranges are dropped, and their row
 fetched again when asked for. When dropping outpaces serving (a cold ``shuffle="global"``
 epoch over more data than the budget), keeping is switched off for the process, with one
 warning, so that a random order does not decode whole row groups for nothing.
+
+NOTE[shard-chunks]: packed and tar shards have no shared ranges of their own, but reading
+them a sample at a time costs a request per sample, bounded by the store's per-request
+ceiling rather than by its range ceiling (issue 15: 373 GETs for a cold epoch of 400
+samples in 8 shards). A layout that says ``chunk_bytes = CHUNK_BYTES`` (a class attribute)
+is read in *chunks*: runs of consecutive samples of one object whose first bytes lie in
+the same ``chunk_bytes``-aligned window of the object (``SampleIndex._ranges``), so a chunk
+never splits a sample and spans at most ``chunk_bytes`` plus its last sample. The index
+treats a chunk like a row group: it fetches the whole chunk in one ranged GET, decodes
+every sample of it and keeps the ones not asked for here, and the default shuffle walks
+chunks (NOTE[row-group-walk] in ``fastdata/spec.py``). Only the *read* depends on what is
+kept; the order never does.
 """
 
 from __future__ import annotations
@@ -26,12 +38,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SHARED_RANGE_BYTES", "SharedRanges"]
+__all__ = ["CHUNK_BYTES", "SHARED_RANGE_BYTES", "SharedRanges"]
 
 logger = logging.getLogger(__name__)
 
 SHARED_RANGE_BYTES = 1024**3
 """Default budget of the rows kept per index and process."""
+CHUNK_BYTES = 8 * 1024**2
+"""Fetch chunk of packed and tar shards (NOTE[shard-chunks]): the range size at which the
+store reaches its throughput ceiling (``fastdata bench``'s 8 MiB-range limit)."""
 ROW_OVERHEAD_BYTES = 256
 """Added to each kept row's estimate (the dict and its Python objects)."""
 _MIN_DROPPED_TO_STOP = 64
@@ -56,11 +71,15 @@ class SharedRanges:
     Args:
         budget: Bytes of kept rows at most (estimated).
         what: Names the dataset in the warning.
+        kind: What a range is, for the warning (``"Parquet row groups"``).
     """
 
-    def __init__(self, budget: int = SHARED_RANGE_BYTES, what: str = "") -> None:
+    def __init__(
+        self, budget: int = SHARED_RANGE_BYTES, what: str = "", kind: str = "Parquet row groups"
+    ) -> None:
         self.budget = budget
         self.what = what
+        self.kind = kind
         self._lock = threading.Lock()
         self._ranges: dict[int, _Range] = {}  # insertion order = age
         self._bytes = 0
@@ -194,12 +213,14 @@ class SharedRanges:
             for rid in [r for r, k in self._ranges.items() if k.ready.is_set()]:
                 self._bytes -= self._ranges.pop(rid).nbytes
             logger.warning(
-                "%s: rows of fetched Parquet row groups are dropped unread faster than they are "
-                "read (%d dropped, %d read), so this process stops keeping them and a row "
-                "group is fetched once per batch that needs it. The epoch order does not walk "
-                "row groups (shuffle='global' on a cold source?): warm the cache first "
-                "(`fastdata warm`), or use the default shuffle",
+                "%s: rows of fetched %s are dropped unread faster than they are read (%d "
+                "dropped, %d read), so this process stops keeping them and each batch "
+                "fetches what it needs by itself. The epoch order does not walk them "
+                "(shuffle='global' on a cold source larger than the %d MiB kept?): warm the "
+                "cache first (`fastdata warm`), or use the default shuffle",
                 self.what or "dataset",
+                self.kind,
                 self.dropped,
                 self.served,
+                self.budget // 1024**2,
             )
