@@ -56,7 +56,7 @@ from fastdata.layouts import (
 )
 from fastdata.layouts.base import BuildResult, CompanionLayout, ObjectScan, UnitView, corrupt
 from fastdata.layouts.files import callable_identity
-from fastdata.layouts.ranges import SharedRanges
+from fastdata.layouts.ranges import CHUNK_STOP_RATIO, SharedRanges
 from fastdata.layouts.table import SampleTable, TableVersions
 from fastdata.store import ByteRange, ObjectInfo, Store, glob_to_regex
 
@@ -199,7 +199,11 @@ class SampleIndex:
         if self._identical:
             self._shared = SharedRanges(what=self.url)
         elif self.chunk_bytes:
-            self._shared = SharedRanges(what=self.url, kind=f"{self.layout.name} shard chunks")
+            self._shared = SharedRanges(
+                what=self.url,
+                kind=f"{self.layout.name} shard chunks",
+                stop_ratio=CHUNK_STOP_RATIO,
+            )
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_reopen, (str(self._table.directory), self.storage_options))

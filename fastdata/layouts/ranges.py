@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CHUNK_BYTES", "SHARED_RANGE_BYTES", "SharedRanges"]
+__all__ = ["CHUNK_BYTES", "CHUNK_STOP_RATIO", "SHARED_RANGE_BYTES", "SharedRanges"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,12 @@ SHARED_RANGE_BYTES = 1024**3
 CHUNK_BYTES = 8 * 1024**2
 """Fetch chunk of packed and tar shards (NOTE[shard-chunks]): the range size at which the
 store reaches its throughput ceiling (``fastdata bench``'s 8 MiB-range limit)."""
+CHUNK_STOP_RATIO = 4.0
+"""``stop_ratio`` of chunks: fetching a whole chunk for the few rows a process reads of it
+pays while the range ceiling over the per-request ceiling (about 5 to 6 for 100 KiB
+samples in issue 15's runs) exceeds the bytes fetched per byte read. DataLoader worker
+processes each read 1/K of a window's rows (K - 1 dropped per row read), as does a cache
+that already holds most samples; beyond 4 a chunk's rows are read one by one instead."""
 ROW_OVERHEAD_BYTES = 256
 """Added to each kept row's estimate (the dict and its Python objects)."""
 _MIN_DROPPED_TO_STOP = 64
@@ -72,14 +78,21 @@ class SharedRanges:
         budget: Bytes of kept rows at most (estimated).
         what: Names the dataset in the warning.
         kind: What a range is, for the warning (``"Parquet row groups"``).
+        stop_ratio: Keeping stops once more than this many rows were dropped unread per
+            row served from a kept range (and at least ``_MIN_DROPPED_TO_STOP``).
     """
 
     def __init__(
-        self, budget: int = SHARED_RANGE_BYTES, what: str = "", kind: str = "Parquet row groups"
+        self,
+        budget: int = SHARED_RANGE_BYTES,
+        what: str = "",
+        kind: str = "Parquet row groups",
+        stop_ratio: float = 1.0,
     ) -> None:
         self.budget = budget
         self.what = what
         self.kind = kind
+        self.stop_ratio = stop_ratio
         self._lock = threading.Lock()
         self._ranges: dict[int, _Range] = {}  # insertion order = age
         self._bytes = 0
@@ -208,7 +221,11 @@ class SharedRanges:
             kept = self._ranges.pop(oldest)
             self._bytes -= kept.nbytes
             self.dropped += len(kept.rows)
-        if self.keeping and self.dropped >= _MIN_DROPPED_TO_STOP and self.dropped > self.served:
+        if (
+            self.keeping
+            and self.dropped >= _MIN_DROPPED_TO_STOP
+            and self.dropped > self.stop_ratio * self.served
+        ):
             self.keeping = False
             for rid in [r for r, k in self._ranges.items() if k.ready.is_set()]:
                 self._bytes -= self._ranges.pop(rid).nbytes

@@ -132,3 +132,31 @@ def test_cold_tar_epoch_fetches_shards_in_a_few_large_ranges(
         assert bytes(s["bin"]) == blobs[i]
     assert gets <= request_bound(total), f"{gets} GETs for {SHARDS} shards of {total} bytes"
     assert fetched <= 1.05 * total
+
+
+def test_cold_packed_epoch_in_two_worker_processes_fetches_each_chunk_at_most_twice(
+    s3_bucket: Any, tmp_path: Path
+) -> None:
+    """Worker processes keep their own rows: each may fetch a chunk once (docs/plan.md)."""
+    import fastdata
+
+    blobs = payloads()
+    shards = packed_shards(blobs)
+    total = sum(len(b) for b in shards.values())
+    url = upload(s3_bucket, "packed-workers", shards)
+    with Dataset(
+        url, storage_options=s3_bucket.storage_options, cache_dir=tmp_path / "cache"
+    ) as ds:
+        loader = fastdata.DataLoader(ds, batch_size=32, num_workers=2)
+        seen: dict[int, bytes] = {}
+        for batch in loader:
+            for s in split_batch(batch):
+                assert int(s["__id__"]) not in seen
+                seen[int(s["__id__"])] = bytes(s["data"])
+        stats = loader.stats()
+        loader.close()
+    assert seen == dict(enumerate(blobs))  # every sample exactly once, byte-identical
+    assert stats.store is not None
+    gets = stats.store["requests"]
+    assert gets <= 2 * request_bound(total), f"{gets} GETs in two workers"
+    assert stats.store["bytes_read"] <= 2.05 * total
