@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from fastdata import record
+from fastdata import io_native, record
 from fastdata._pagecache import drop_page_cache
 from fastdata.benchmark import raw_lmdb_read
 from fastdata.cache import (
@@ -351,7 +351,7 @@ def hit_rate_part(num_samples: int, work: Path) -> dict[str, Any]:
 
 
 def build(quick: bool, work: Path) -> dict[str, Any]:
-    result: dict[str, Any] = {"quick": quick, "batch": BATCH, "backend": record.BACKEND}
+    result: dict[str, Any] = {"quick": quick, "batch": BATCH, "backend": io_native.BACKEND}
     if quick:
         result["warm_100k"] = warm_part(100 * 1024, 600, 2, work)
         result["warm_1k"] = warm_part(1024, 2_000, 4, work)

@@ -25,12 +25,10 @@ Parts, all in one run:
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -43,6 +41,7 @@ from fastdata.index import open_index, save_index
 from fastdata.layouts import ROW_DTYPE
 from fastdata.layouts.tar import write_tar_index
 from fastdata.store import ObjectInfo, Store
+from fastdata.testing.data import tar_bytes
 from fastdata.testing.seaweedfs import SeaweedServer
 
 UPLOAD_CHUNK = 2000
@@ -103,16 +102,6 @@ def files_part(server: SeaweedServer, n: int, cache_dir: Path) -> dict[str, Any]
     }
 
 
-def _tar(members: list[tuple[str, bytes]]) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tf:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    return out.getvalue()
-
-
 def tar_part(server: SeaweedServer, shards: int, per_shard: int, cache_dir: Path) -> dict[str, Any]:
     """Time the header scan of tar shards with small members and every 25th one large."""
     bucket = f"index-bench-tar-{shards}x{per_shard}"
@@ -129,7 +118,7 @@ def tar_part(server: SeaweedServer, shards: int, per_shard: int, cache_dir: Path
                 (f"{s:03d}{k:05d}.jpg", rng.bytes(size)),
                 (f"{s:03d}{k:05d}.cls", b"%d" % k),
             ]
-        data = _tar(members)
+        data = tar_bytes(members)
         total += len(data)
         writer.put_many([(f"{s:04d}.tar", data)])
     store = Store(url, storage_options=server.storage_options)

@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fastdata.cache import _env
+from fastdata.cache import _lmdb_env
 from fastdata.store import _obstore
 
 __all__ = [
@@ -78,7 +78,7 @@ def fork_hazard() -> str | None:
     """Why forking this process now is unsafe for a worker, or ``None`` when it is safe."""
     if _obstore.runtime_started():
         return "obstore's runtime has run in this process"
-    if _env.handles_open():
+    if _lmdb_env.handles_open():
         return "an LMDB environment is open in this process"
     foreign = [
         t.name

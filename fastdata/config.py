@@ -13,6 +13,8 @@ This is the only module (with the CLI and the decoder switch) that reads the env
 from __future__ import annotations
 
 import dataclasses
+import numbers
+import operator
 import os
 import re
 import types
@@ -20,7 +22,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, TypeGuard, get_args, get_origin
 
 from fastdata.errors import ConfigError
 
@@ -29,8 +31,10 @@ __all__ = [
     "FastdataConfig",
     "PrefetchConfig",
     "StoreConfig",
+    "check_int",
     "default_cache_dir",
     "format_size",
+    "is_int",
     "parse_size",
 ]
 
@@ -61,6 +65,61 @@ _UNITS = {
 }
 #: Environment keys under the FASTDATA_ prefix that are not config fields.
 _EXTRA_ENV_KEYS = frozenset({"FASTDATA_DECODER"})
+
+
+def is_int(value: object, *, integral: bool = False) -> TypeGuard[int]:
+    """Whether ``value`` is an int and not a bool (``True`` is an int to Python, never a
+    count to fastdata); with ``integral``, numpy's integers count too."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, numbers.Integral if integral else int)
+
+
+def check_int(
+    name: str,
+    value: object,
+    low: int | None = None,
+    high: int | None = None,
+    *,
+    hint: str = "",
+    integral: bool = False,
+) -> int:
+    """An int argument or setting, checked: an int, not a bool, in ``low..high``.
+
+    The one "an int but not a bool" check of every public entry point; its message says
+    what was wanted (``a non-negative int``, ``a positive int``, ``an int of at least N``
+    or ``an int in low..high``) and what came.
+
+    Args:
+        name: What the value is, as the message names it (``"batch_size"``).
+        value: What the caller passed.
+        low: The smallest value allowed, if any.
+        high: The largest value allowed, if any.
+        hint: Appended to the message (``" (rank < world_size)"``).
+        integral: Accept numpy's integers too (the result is a plain ``int``).
+
+    Returns:
+        ``value`` as an ``int``.
+
+    Raises:
+        ConfigError: ``value`` is not an int (or is a bool), or is out of range.
+    """
+    number = operator.index(value) if is_int(value, integral=integral) else None
+    if number is None or (low is not None and number < low) or (high is not None and number > high):
+        if low is not None and high is not None:
+            wanted = f"an int in {low}..{high}"
+        elif low == 0:
+            wanted = "a non-negative int"
+        elif low == 1:
+            wanted = "a positive int"
+        elif low is not None:
+            wanted = f"an int of at least {low}"
+        elif high is not None:
+            wanted = f"an int of at most {high}"
+        else:
+            wanted = "an int"
+        raise ConfigError(f"{name} must be {wanted}, got {value!r}{hint}")
+    return number
 
 
 def parse_size(text: str | int) -> int:

@@ -58,7 +58,7 @@ from fastdata.layouts.base import BuildResult, CompanionLayout, ObjectScan, Unit
 from fastdata.layouts.files import callable_identity
 from fastdata.layouts.ranges import CHUNK_STOP_RATIO, SharedRanges
 from fastdata.layouts.table import SampleTable, TableVersions
-from fastdata.store import ByteRange, ObjectInfo, Store, glob_to_regex
+from fastdata.store import ByteRange, ObjectInfo, Store, glob_to_regex, normalize_url
 
 __all__ = [
     "DatasetChangedWarning",
@@ -87,28 +87,6 @@ class DatasetChangedWarning(UserWarning):
     """The dataset changed since its index was built (``consistency="validate"``)."""
 
 
-def normalize_url(url: str) -> str:
-    """The canonical form of a dataset URL (the dataset id is derived from it).
-
-    A plain path becomes an absolute ``file://`` URL; the scheme is lower-cased and a
-    trailing ``/`` dropped.
-
-    Raises:
-        ConfigError: The URL is empty or not a string.
-    """
-    if not isinstance(url, str) or not url.strip():
-        raise ConfigError(f"dataset URL must be a non-empty string, got {url!r}")
-    url = url.strip()
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        scheme, rest = "file", url
-    scheme = scheme.lower()
-    if scheme in ("file", "local"):
-        scheme, rest = "file", os.path.abspath(os.path.expanduser(rest))
-    rest = rest.rstrip("/") or "/"
-    if rest == "/" and scheme != "file":
-        raise ConfigError(f"dataset URL {url!r} names no bucket or folder")
-    return f"{scheme}://{rest}"
 
 
 def _mix(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from fastdata import record
+from fastdata.config import check_int, is_int
 from fastdata.errors import ConfigError, CorruptRecordError, ObjectNotFoundError
 from fastdata.index import SampleIndex, normalize_url
 from fastdata.layouts import PACKED_EXTENSION, RawRecord, ShardBuilder
@@ -100,7 +101,7 @@ def _check_compress(compress: int | Mapping[str, int] | None) -> Any:
     """``compress`` as record.encode takes it, checked before any work starts."""
     if compress is None:
         return None
-    if isinstance(compress, bool) or not isinstance(compress, int | Mapping):
+    if not (is_int(compress) or isinstance(compress, Mapping)):
         raise ConfigError(f"compress must be a zstd level or {{field: level}}, got {compress!r}")
     levels = dict(compress) if isinstance(compress, Mapping) else {"": compress}
     for name, level in levels.items():
@@ -273,12 +274,8 @@ def pack(
         CorruptRecordError: A source sample is malformed.
         StoreError: A store failed (rerun to resume).
     """
-    if isinstance(shard_bytes, bool) or not isinstance(shard_bytes, int) or shard_bytes < 4096:
-        raise ConfigError(f"shard_bytes must be an int of at least 4096, got {shard_bytes!r}")
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int):
-        raise ConfigError(f"concurrency must be an int in 1..256, got {concurrency!r}")
-    if not 1 <= concurrency <= 256:
-        raise ConfigError(f"concurrency must be an int in 1..256, got {concurrency!r}")
+    check_int("shard_bytes", shard_bytes, 4096)
+    check_int("concurrency", concurrency, 1, 256)
     compress = _check_compress(compress)
     _refuse_nested(src, dst, storage_options, dst_storage_options)
     spec = DatasetSpec(

@@ -18,13 +18,13 @@ coordination service is needed. ``docs/plan.md`` describes the rules with a work
 from __future__ import annotations
 
 import hashlib
-import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, SupportsIndex, cast
+from typing import Any, Literal
 
 import numpy as np
 
+from fastdata.config import check_int
 from fastdata.errors import ConfigError
 
 __all__ = ["EpochOrder", "EpochPlan", "PlanConfig", "PlanState", "ShuffleMode"]
@@ -59,15 +59,9 @@ _MIX2 = np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int | np.integer) and not isinstance(value, bool)
-
-
 def _check_int(name: str, value: object, low: int, high: int, hint: str = "") -> int:
-    number = operator.index(cast(SupportsIndex, value)) if _is_int(value) else None
-    if number is None or not low <= number <= high:
-        raise ConfigError(f"{name} must be an int in {low}..{high}, got {value!r}{hint}")
-    return number
+    """:func:`fastdata.config.check_int`, numpy's integers accepted (plans take arrays)."""
+    return check_int(name, value, low, high, hint=hint, integral=True)
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ from typing import Any, Literal
 import numpy as np
 import zstandard
 
+from fastdata.config import is_int
 from fastdata.errors import ConfigError, CorruptRecordError
 from fastdata.io_native import (
-    BACKEND,
     CODEC_NONE,
     CODEC_ZSTD,
     DTYPE_NAMES,
@@ -47,7 +47,6 @@ from fastdata.io_native import (
 )
 
 __all__ = [
-    "BACKEND",
     "FieldValue",
     "VarBatch",
     "aligned_empty",
@@ -172,7 +171,7 @@ def _levels(fields: Mapping[str, Any], compress: object) -> dict[str, int]:
     """Field name -> zstd level for the fields to compress."""
     if compress is None:
         return {}
-    if isinstance(compress, int) and not isinstance(compress, bool):
+    if is_int(compress):
         _check_level("compress", compress)
         return {name: compress for name in fields}
     if not isinstance(compress, Mapping):
@@ -187,7 +186,7 @@ def _levels(fields: Mapping[str, Any], compress: object) -> dict[str, int]:
 
 
 def _check_level(what: str, level: object) -> None:
-    if isinstance(level, bool) or not isinstance(level, int) or not _MIN_LEVEL <= level <= 22:
+    if not is_int(level) or not _MIN_LEVEL <= level <= 22:
         raise ConfigError(
             f"{what} must be a zstd level in {_MIN_LEVEL}..{_MAX_LEVEL}, not {level!r}"
         )

@@ -8,28 +8,49 @@ token in the data). Block ``i`` is the tokens ``[i*T, i*T + L)`` of the corpus, 
 ``L = T`` (``targets=False``) or ``T + 1`` (``targets=True``: the last token of block
 ``i`` is the first of block ``i + 1``, so ``x, y = b[:, :-1], b[:, 1:]``).
 
-NOTE[token-blocks]: a block is one sample of the usual machinery. Its id is its number,
-so the epoch plan (``EpochOrder``/``EpochPlan`` over block ids) shuffles blocks globally
-and deterministically (a pure function of seed and epoch), gives every rank the same
-number of batches, and resumes exactly, in any world size. The cache keys a block by the
-corpus's source fingerprint, the block's token range and the block settings, and stores
-it as a record of one fixed-shape field ``tokens``, so the second epoch reads RAM or
-LMDB. Every token lands in exactly one block per epoch (as an input token); the tail
-that does not fill a block is dropped and counted (``tail="drop"``, reported as
-``dropped_tokens``) or padded with ``pad_id`` (``tail="pad"``). A flat block is one
-ranged read (two where it crosses a file boundary; neighbouring blocks of one batch are
-merged into one request); a Parquet block decodes the row groups it covers, kept in a
-small per-process LRU so neighbouring blocks decode each row group once.
+NOTE[token-blocks]: a block is one sample of the usual plan. Its id is its number, so
+the epoch plan (``EpochOrder``/``EpochPlan`` over block ids) orders blocks
+deterministically (a pure function of seed and epoch), gives every rank the same number
+of batches, and resumes exactly, in any world size. Every token lands in exactly one
+block per epoch (as an input token); the tail that does not fill a block is dropped and
+counted (``tail="drop"``, reported as ``dropped_tokens``) or padded with ``pad_id``
+(``tail="pad"``).
+
+NOTE[token-chunks]: blocks are small (2 KiB for ``T=1024`` ``uint16``), so a block is
+not the unit of reading or caching: per-block requests and cache entries cost 10-300x
+the raw read (docs/loader.md). The unit is a *chunk* of ``chunk_blocks`` consecutive
+blocks (about ``chunk_bytes``, 4 MiB by default): one cache entry (a record of one field
+``tokens``, the chunk's corpus tokens without padding) and, cold, one ranged read (one
+per file it crosses; a Parquet chunk decodes the row groups it covers, kept in a small
+per-process LRU). Chunk ``c`` holds blocks ``[c*C, (c+1)*C)``, so every block lies in
+exactly one chunk (with ``targets=True`` a chunk carries the one extra token its last
+block needs). Its cache key is the namespace and 8 bytes folded from the version (path,
+size, ETag digest) and token range of every object part it covers, and the token type
+(NOTE[cache-keys] in ``fastdata/index.py``): a changed or added object changes the keys
+of the chunks it touches only. A :class:`ChunkReader` per process keeps the chunks in
+use (an LRU of a few windows), reads the ones the prefetcher's hint announces ahead of
+the batches (a few threads), and a batch is one gather of its blocks out of those
+arrays into the output tensor. The default order (``shuffle=True``) is the *chunk
+walk*: chunks in a shuffled order, blocks shuffled within windows of ``window_chunks``
+chunks (NOTE[row-group-walk] in ``fastdata/spec.py``), so a cold epoch reads each chunk
+once and a warm one looks each up once; ``shuffle="global"`` is a uniform permutation of
+all blocks, which reads a chunk per block once the corpus exceeds the kept chunks
+(docs/plan.md, "Token chunk walk").
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import logging
+import math
 import os
 import threading
-from collections import OrderedDict
-from collections.abc import Mapping
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, Literal, cast
 
 import numpy as np
@@ -38,21 +59,51 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import IterableDataset
 
-from fastdata.cache.tier import reset_in_forked_child
-from fastdata.config import FastdataConfig
-from fastdata.dataset import ID_KEY, Batch, Dataset, SkippedBatch, _merge_config, _shuffle_mode
+from fastdata import record
+from fastdata.cache import ReadThroughCache
+from fastdata.cache.tier import Lease, reset_in_forked_child
+from fastdata.config import FastdataConfig, parse_size
+from fastdata.dataset import (
+    _OPEN,
+    ID_KEY,
+    Batch,
+    Dataset,
+    OnError,
+    SkippedBatch,
+    _grouped,
+    _merge_config,
+    _Runtime,
+    _shuffle_mode,
+    check_on_error,
+)
 from fastdata.errors import ConfigError, CorruptRecordError
 from fastdata.index import SampleIndex, _mix, plan_units
-from fastdata.plan import PlanConfig, ShuffleMode
+from fastdata.plan import EpochOrder, EpochPlan, PlanConfig, ShuffleMode
+from fastdata.prefetch import Prefetcher
 from fastdata.spec import DatasetSpec
 from fastdata.store import ByteRange, Store
 
-__all__ = ["BlockIndex", "TokenDataset"]
+__all__ = ["BlockIndex", "ChunkReader", "TokenDataset"]
+
+logger = logging.getLogger(__name__)
 
 TOKENS = "tokens"
-"""The one field of a block record and of a batch."""
+"""The one field of a chunk record and of a batch."""
+DEFAULT_CHUNK_BYTES = 4 * 1024**2
+"""Token bytes per chunk (NOTE[token-chunks]), rounded down to whole blocks."""
+DEFAULT_WINDOW_CHUNKS = 8
+"""Chunks per shuffle window of the chunk walk."""
+READAHEAD_THREADS = 4
+"""Threads per process that read announced chunks ahead of the batches."""
 _DECODED_CACHE_BYTES = 256 * 1024 * 1024
 _FLAT_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "int64", "uint64")
+_CHUNK_FORMAT = 1
+"""Bumped when a chunk record's content for the same key changes."""
+_WAIT_POLL_S = 1.0
+_MEMO_CHUNKS = 1 << 16
+"""Chunk keys and fingerprints remembered per process at most."""
+_MAX_PENDING = 4096
+"""Announced chunks queued for read-ahead at most."""
 
 
 def _word(text: str, person: bytes) -> np.uint64:
@@ -61,11 +112,11 @@ def _word(text: str, person: bytes) -> np.uint64:
 
 
 class BlockIndex:
-    """The blocks of a token corpus over a :class:`SampleIndex` of its objects.
+    """The blocks and chunks of a token corpus over a :class:`SampleIndex` of its objects.
 
     A *piece* is a run of tokens one read decodes: a whole flat file, or one Parquet row
     group's column. ``piece_start[p]`` is the corpus position of piece ``p``'s first
-    token. Holds one entry per piece, never per block or per token.
+    token. Holds one entry per piece, never per block, chunk or token.
     """
 
     def __init__(
@@ -82,6 +133,7 @@ class BlockIndex:
         piece_tokens: np.ndarray,
         piece_group: np.ndarray,
         piece_span: np.ndarray,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ) -> None:
         self.base = base
         self.block_size = block_size
@@ -105,6 +157,10 @@ class BlockIndex:
         self.dropped_tokens = n - covered if tail == "drop" else 0
         """Tokens of the tail that fill no block (``tail="drop"``); every other token is
         an input token of exactly one block."""
+        self.chunk_blocks = max(1, chunk_bytes // (block_size * dtype.itemsize))
+        """Blocks per chunk, ``C`` (NOTE[token-chunks])."""
+        self.num_chunks = -(-self.num_blocks // self.chunk_blocks)
+        """Chunks: the cache entries and reads of the corpus."""
         self.url = base.url
         self.dataset_id = base.dataset_id
         self.store_identity = base.store_identity
@@ -115,25 +171,35 @@ class BlockIndex:
         )
         self.fingerprint = hashlib.blake2b(settings.encode(), digest_size=16).hexdigest()
         """The source fingerprint and the block settings (a checkpoint's guard)."""
-        self._recipe = _word(settings, b"fastdata-tokens")
-        self._salt = _word(base.store_identity + settings, b"fastdata-tokfp")
+        content = json.dumps(["token-chunk", _CHUNK_FORMAT, dtype.str, column])
+        self._recipe = _word(content, b"fastdata-tokchk")
+        self._salt = (
+            _word(base.store_identity + content, b"fastdata-tokfp0"),
+            _word(base.store_identity + content, b"fastdata-tokfp1"),
+        )
         self._prefix = np.frombuffer(self.dataset_id, dtype=np.uint8)
+        objects = base._table.objects
+        self._piece_d0 = np.asarray(objects["d0"][piece_obj], dtype=np.uint64)
+        self._piece_d1 = np.asarray(objects["d1"][piece_obj], dtype=np.uint64)
         self._reset()
+        reset_in_forked_child(self)
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
         self._decoded: OrderedDict[int, np.ndarray] = OrderedDict()
         self._decoded_bytes = 0
+        self._memo: dict[int, tuple[bytes, bytes]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_lock", "_decoded", "_decoded_bytes"):
+        for name in ("_lock", "_decoded", "_decoded_bytes", "_memo"):
             state.pop(name)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._reset()
+        reset_in_forked_child(self)
 
     def __len__(self) -> int:
         return self.num_blocks
@@ -141,7 +207,8 @@ class BlockIndex:
     def __repr__(self) -> str:
         return (
             f"BlockIndex({self.url!r}, blocks={self.num_blocks}, block_size={self.block_size}, "
-            f"tokens={self.total_tokens}, dropped_tokens={self.dropped_tokens})"
+            f"tokens={self.total_tokens}, dropped_tokens={self.dropped_tokens}, "
+            f"chunks={self.num_chunks} of {self.chunk_blocks} blocks)"
         )
 
     @property
@@ -163,24 +230,125 @@ class BlockIndex:
             )
         return ids
 
-    def keys(self, sample_ids: Any) -> list[bytes]:
-        """16-byte cache keys: the namespace, then the block's place and settings."""
-        ids = self._ids(sample_ids).astype(np.uint64)
-        word = _mix(ids ^ _mix(np.full_like(ids, self._recipe)))
-        out = np.empty((len(ids), 16), dtype=np.uint8)
-        out[:, :8] = self._prefix
-        out[:, 8:] = word.astype(">u8").view(np.uint8).reshape(-1, 8)
-        flat = out.tobytes()
-        return [flat[i : i + 16] for i in range(0, len(flat), 16)]
+    def _chunk_ids(self, chunk_ids: Any) -> np.ndarray:
+        ids = np.asarray(chunk_ids, dtype=np.int64).reshape(-1)
+        if len(ids) and (ids.min() < 0 or ids.max() >= self.num_chunks):
+            raise ConfigError(f"chunk id out of range: {self.url} has {self.num_chunks} chunks")
+        return ids
 
-    def fingerprints(self, sample_ids: Any) -> list[bytes]:
-        """16 bytes per block, from the same facts and the store identity."""
-        ids = self._ids(sample_ids).astype(np.uint64)
-        words = np.empty((len(ids), 2), dtype="<u8")
-        words[:, 0] = _mix(ids ^ _mix(np.full_like(ids, self._salt)))
-        words[:, 1] = _mix(ids ^ _mix(np.full_like(ids, self._salt ^ self._recipe)))
-        flat = words.tobytes()
-        return [flat[i : i + 16] for i in range(0, len(flat), 16)]
+    # -- chunks (NOTE[token-chunks]) -------------------------------------------------
+
+    def chunk_of(self, sample_ids: Any) -> np.ndarray:
+        """The chunk of each block."""
+        return self._ids(sample_ids) // self.chunk_blocks
+
+    def chunk_sizes(self) -> np.ndarray:
+        """Blocks per chunk, in chunk order (the shards of the chunk walk)."""
+        sizes = np.full(self.num_chunks, self.chunk_blocks, dtype=np.int64)
+        sizes[-1] = self.num_blocks - (self.num_chunks - 1) * self.chunk_blocks
+        return sizes
+
+    def chunk_span(self, chunk_ids: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Corpus token range ``[start, end)`` of each chunk: its blocks' tokens (clipped
+        at the corpus end under ``tail="pad"``)."""
+        ids = self._chunk_ids(chunk_ids)
+        starts = ids * self.chunk_blocks * self.block_size
+        last = np.minimum((ids + 1) * self.chunk_blocks, self.num_blocks)
+        ends = np.minimum(
+            last * self.block_size + (self.length - self.block_size), self.total_tokens
+        )
+        return starts, ends
+
+    def _segments(self, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Every non-empty piece part of each range: (range, piece, first, end token in
+        the piece), ranges in order and pieces in corpus order within each."""
+        first = np.searchsorted(self.piece_start, starts, side="right") - 1
+        last = np.searchsorted(self.piece_start, np.maximum(ends - 1, starts), side="right") - 1
+        counts = np.maximum(last - first + 1, 0)
+        owner = np.repeat(np.arange(len(starts), dtype=np.int64), counts)
+        within = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(
+            np.cumsum(counts) - counts, counts
+        )
+        piece = first[owner] + within
+        base = self.piece_start[piece]
+        lo = np.maximum(starts[owner], base) - base
+        hi = np.minimum(ends[owner], self.piece_start[piece + 1]) - base
+        keep = hi > lo
+        return owner[keep], piece[keep], lo[keep], hi[keep]
+
+    def _chunk_words(self, chunk_ids: Any, salt: np.uint64) -> np.ndarray:
+        """One word per chunk folded from its parts' object versions and token ranges."""
+        starts, ends = self.chunk_span(chunk_ids)
+        owner, piece, lo, hi = self._segments(starts, ends)
+        first = np.searchsorted(owner, np.arange(len(starts)))
+        k = (np.arange(len(owner)) - first[owner]).astype(np.uint64)
+        group = (self.piece_group[piece] + 1).astype(np.uint64)
+        w = np.full(len(owner), salt, dtype=np.uint64)
+        for part in (k, hi.astype(np.uint64), lo.astype(np.uint64), group):
+            w = _mix(part ^ w)
+        w = _mix(self._piece_d1[piece] ^ w)
+        w = _mix(self._piece_d0[piece] ^ w)
+        folded = np.bitwise_xor.reduceat(w, first) if len(w) else np.zeros(0, np.uint64)
+        counts = np.diff(np.concatenate([first, [len(owner)]])).astype(np.uint64)
+        return _mix(folded ^ _mix(counts ^ salt))
+
+    def chunk_keys(self, chunk_ids: Any) -> list[bytes]:
+        """16-byte cache keys: the namespace, then 8 bytes of the chunk's content
+        (NOTE[token-chunks]: object versions, token ranges and the token type)."""
+        return [pair[0] for pair in self._identities(chunk_ids)]
+
+    def chunk_fingerprints(self, chunk_ids: Any) -> list[bytes]:
+        """16 bytes per chunk from the same facts and the store identity."""
+        return [pair[1] for pair in self._identities(chunk_ids)]
+
+    def _identities(self, chunk_ids: Any) -> list[tuple[bytes, bytes]]:
+        """(key, fingerprint) of each chunk, remembered: a batch asks for a few chunks,
+        and the numpy of a fresh computation costs more than the batch's gather."""
+        ids = self._chunk_ids(chunk_ids).tolist()
+        memo = self._memo
+        missing = [c for c in dict.fromkeys(ids) if c not in memo]
+        if missing:
+            if len(memo) + len(missing) > _MEMO_CHUNKS:
+                memo.clear()
+            todo = np.array(missing, dtype=np.int64)
+            word = self._chunk_words(todo, self._recipe)
+            keys = np.empty((len(todo), 16), dtype=np.uint8)
+            keys[:, :8] = self._prefix
+            keys[:, 8:] = word.astype(">u8").view(np.uint8).reshape(-1, 8)
+            prints = np.empty((len(todo), 2), dtype="<u8")
+            prints[:, 0] = self._chunk_words(todo, self._salt[0] ^ self._recipe)
+            prints[:, 1] = self._chunk_words(todo, self._salt[1])
+            kflat, pflat = keys.tobytes(), prints.tobytes()
+            for n, c in enumerate(missing):
+                memo[c] = (kflat[16 * n : 16 * n + 16], pflat[16 * n : 16 * n + 16])
+        return [memo[c] for c in ids]
+
+    def describe_chunk(self, chunk_id: int) -> str:
+        """Which tokens chunk ``chunk_id`` holds and where they start."""
+        starts, ends = self.chunk_span([chunk_id])
+        first = int(chunk_id) * self.chunk_blocks
+        last = min(first + self.chunk_blocks, self.num_blocks) - 1
+        return (
+            f"token chunk {chunk_id} (blocks {first}..{last}): corpus tokens "
+            f"[{int(starts[0])}, {int(ends[0])}) from {self._place(int(starts[0]))} of {self.url}"
+        )
+
+    def read_chunks(self, store: Store, chunk_ids: Any) -> list[dict[str, np.ndarray]]:
+        """Each chunk as ``{"tokens": its corpus tokens}`` (no padding), from the store."""
+        ids = self._chunk_ids(chunk_ids)
+        starts, ends = self.chunk_span(ids)
+        found = self._read_ranges(store, starts, ends)
+        for c, s, e, tokens in zip(
+            ids.tolist(), starts.tolist(), ends.tolist(), found, strict=True
+        ):
+            if len(tokens) != e - s:
+                raise CorruptRecordError(
+                    f"{self.describe_chunk(c)}: read {len(tokens)} tokens, expected {e - s}; "
+                    "the corpus changed since it was indexed"
+                )
+        return [{TOKENS: tokens} for tokens in found]
+
+    # -- blocks ----------------------------------------------------------------------
 
     def index_fields(self, sample_ids: Any) -> dict[str, np.ndarray]:
         """None."""
@@ -191,40 +359,36 @@ class BlockIndex:
         return self._ids(sample_ids) * self.block_size
 
     def shard_sizes(self) -> np.ndarray:
-        """Blocks starting in each object (the shards of ``shuffle="shard_window"``)."""
-        starts = np.arange(self.num_blocks, dtype=np.int64) * self.block_size
-        objects = self.piece_obj
-        firsts = np.flatnonzero(np.concatenate([[True], objects[1:] != objects[:-1]]))
-        bounds = np.searchsorted(starts, self.piece_start[firsts])
-        sizes = np.diff(np.concatenate([bounds, [self.num_blocks]]))
-        sizes[0] += bounds[0]
-        return sizes[sizes > 0] if sizes.sum() else np.array([self.num_blocks])
+        """Blocks per chunk: the shards of the chunk walk (``shuffle=True``)."""
+        return self.chunk_sizes()
 
-    #: Blocks never share a fetch range (NOTE[row-group-walk] in ``fastdata/spec.py``):
-    #: the default shuffle of a token corpus is global over blocks.
+    #: Blocks are read through their chunks (NOTE[token-chunks]); the chunk walk is
+    #: :meth:`TokenDataset.order`'s, not ``spec.epoch_order``'s row-group walk.
     shares_ranges = False
 
     def unit_sizes(self) -> np.ndarray:
-        """The shards of ``shuffle="shard_window"``: blocks starting in each object."""
-        return self.shard_sizes()
+        """Blocks per chunk (the shards of ``shuffle="shard_window"``)."""
+        return self.chunk_sizes()
 
-    def describe(self, sample_id: int) -> str:
-        """Which tokens block ``sample_id`` holds and where they are."""
-        first = int(sample_id) * self.block_size
+    def _place(self, first: int) -> str:
         p = int(np.searchsorted(self.piece_start, first, side="right")) - 1
         p = min(max(p, 0), len(self.piece_obj) - 1)
         path = self.base.object_info(int(self.piece_obj[p])).path
         inside = first - int(self.piece_start[p])
-        where = f"token {inside} of object {path!r}"
         if self.piece_group[p] >= 0:
-            where = f"token {inside} of row group {int(self.piece_group[p])} of {path!r}"
+            return f"token {inside} of row group {int(self.piece_group[p])} of {path!r}"
+        return f"token {inside} of object {path!r}"
+
+    def describe(self, sample_id: int) -> str:
+        """Which tokens block ``sample_id`` holds and where they are."""
+        first = int(sample_id) * self.block_size
         return (
-            f"block {sample_id}: corpus tokens [{first}, {first + self.length}) from {where} "
-            f"of {self.url}"
+            f"block {sample_id}: corpus tokens [{first}, {first + self.length}) from "
+            f"{self._place(first)} of {self.url}"
         )
 
     def source(self, store: Store | None = None) -> BlockSource:
-        """This corpus bound to a store: the cache's ``SampleSource``."""
+        """This corpus's chunks bound to a store: the cache's ``SampleSource``."""
         if store is None:
             store = Store(self.url, storage_options=self.storage_options)
         elif store.identity != self.store_identity:
@@ -237,42 +401,39 @@ class BlockIndex:
     # -- reading ---------------------------------------------------------------------
 
     def read_blocks(self, store: Store, sample_ids: Any) -> list[dict[str, np.ndarray]]:
-        """Each block as ``{"tokens": array of L tokens}`` (padded with ``pad_id`` past
-        the corpus end under ``tail="pad"``)."""
+        """Each block as ``{"tokens": array of L tokens}`` straight from the store (padded
+        with ``pad_id`` past the corpus end under ``tail="pad"``); no cache, no chunks."""
         ids = self._ids(sample_ids)
         starts = ids * self.block_size
         ends = np.minimum(starts + self.length, self.total_tokens)
-        # Every piece each block touches: (block, piece, first, last token in the piece).
-        first_piece = np.searchsorted(self.piece_start, starts, side="right") - 1
-        last_piece = np.searchsorted(self.piece_start, np.maximum(ends - 1, starts), "right") - 1
-        parts: list[tuple[int, int, int, int]] = []
-        for b in range(len(ids)):
-            for p in range(int(first_piece[b]), int(last_piece[b]) + 1):
-                lo = max(int(starts[b]), int(self.piece_start[p])) - int(self.piece_start[p])
-                hi = min(int(ends[b]), int(self.piece_start[p + 1])) - int(self.piece_start[p])
-                if hi > lo:
-                    parts.append((b, p, lo, hi))
-        if self.column is None:
-            chunks = self._read_flat(store, parts)
-        else:
-            chunks = self._read_parquet(store, parts)
-        pieces: list[list[np.ndarray]] = [[] for _ in ids]
-        for (b, _, _, _), chunk in zip(parts, chunks, strict=True):
-            pieces[b].append(chunk)
         out = []
-        for b, found in enumerate(pieces):
-            tokens = np.empty(self.length, dtype=self.dtype)
-            got = np.concatenate(found) if found else np.zeros(0, dtype=self.dtype)
-            tokens[: len(got)] = got
-            tokens[len(got) :] = self.pad_id
+        for b, got in enumerate(self._read_ranges(store, starts, ends)):
             if len(got) != int(ends[b] - starts[b]):
                 raise CorruptRecordError(
                     f"{self.describe(int(ids[b]))}: read {len(got)} tokens, expected "
                     f"{int(ends[b] - starts[b])}; the corpus changed since it was indexed",
                     sample_id=int(ids[b]),
                 )
+            tokens = np.empty(self.length, dtype=self.dtype)
+            tokens[: len(got)] = got
+            tokens[len(got) :] = self.pad_id
             out.append({TOKENS: tokens})
         return out
+
+    def _read_ranges(self, store: Store, starts: np.ndarray, ends: np.ndarray) -> list[np.ndarray]:
+        """The corpus tokens ``[starts[i], ends[i])`` of each range (views where one read
+        holds a whole range)."""
+        owner, piece, lo, hi = self._segments(starts, ends)
+        parts = list(zip(owner.tolist(), piece.tolist(), lo.tolist(), hi.tolist(), strict=True))
+        if self.column is None:
+            chunks = self._read_flat(store, parts)
+        else:
+            chunks = self._read_parquet(store, parts)
+        found: list[list[np.ndarray]] = [[] for _ in range(len(starts))]
+        for (r, _, _, _), chunk in zip(parts, chunks, strict=True):
+            found[r].append(chunk)
+        empty = np.zeros(0, dtype=self.dtype)
+        return [f[0] if len(f) == 1 else np.concatenate(f) if f else empty for f in found]
 
     def _read_flat(self, store: Store, parts: list[tuple[int, int, int, int]]) -> list[np.ndarray]:
         size = self.dtype.itemsize
@@ -354,7 +515,8 @@ class BlockIndex:
 
 
 class BlockSource:
-    """A :class:`BlockIndex` bound to a :class:`Store` (the cache's ``SampleSource``)."""
+    """The chunks of a :class:`BlockIndex` bound to a :class:`Store`: the cache's
+    ``SampleSource``, whose samples are chunks (NOTE[token-chunks])."""
 
     def __init__(self, index: BlockIndex, store: Store) -> None:
         self.index = index
@@ -370,24 +532,414 @@ class BlockSource:
         """The corpus URL."""
         return self.index.url
 
+    @property
+    def name(self) -> str:
+        """``<url> @ <store identity>``: what ``fastdata stats`` shows for the namespace."""
+        return f"{self.index.url} @ {self.index.store_identity}"
+
     def __len__(self) -> int:
-        return len(self.index)
+        return self.index.num_chunks
 
     def keys(self, sample_ids: Any) -> list[bytes]:
-        """See :meth:`BlockIndex.keys`."""
-        return self.index.keys(sample_ids)
+        """See :meth:`BlockIndex.chunk_keys`."""
+        return self.index.chunk_keys(sample_ids)
 
     def fingerprints(self, sample_ids: Any) -> list[bytes]:
-        """See :meth:`BlockIndex.fingerprints`."""
-        return self.index.fingerprints(sample_ids)
+        """See :meth:`BlockIndex.chunk_fingerprints`."""
+        return self.index.chunk_fingerprints(sample_ids)
 
     def read_samples(self, sample_ids: Any) -> list[Any]:
-        """The blocks, read from the store."""
-        return self.index.read_blocks(self.store, sample_ids)
+        """The chunks, read from the store."""
+        return self.index.read_chunks(self.store, sample_ids)
 
     def describe(self, sample_id: int) -> str:
-        """See :meth:`BlockIndex.describe`."""
-        return self.index.describe(sample_id)
+        """See :meth:`BlockIndex.describe_chunk`."""
+        return self.index.describe_chunk(sample_id)
+
+
+class _Load:
+    """A chunk being read: ``done`` is set when it is in the arena (``slot``), or was
+    not kept, or failed (``error``)."""
+
+    __slots__ = ("done", "error", "slot")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.slot = -1
+        self.error: BaseException | None = None
+
+
+class _Held:
+    """The chunks one gather reads: arena slots (pinned until released) and loose arrays."""
+
+    __slots__ = ("leases", "loose", "slots")
+
+    def __init__(self) -> None:
+        self.slots: dict[int, int] = {}
+        self.loose: dict[int, np.ndarray] = {}
+        self.leases: list[Lease] = []
+
+
+class ChunkReader:
+    """One process's chunks in use, in an arena of ``capacity`` slots, read once however
+    many threads need them, plus read-ahead of announced chunks.
+
+    NOTE[token-chunks]. A chunk comes through the cache chain (RAM, LMDB, then the
+    store), so its record was checked by the tier that served it; its tokens are copied
+    into a free slot of the arena (the least recently used unpinned chunk makes room),
+    followed by ``pad_id`` tokens. A slot holds ``(C + 1) * T`` tokens, so block ``j`` of
+    the chunk in slot ``s`` is row ``s * (C + 1) + j`` of one strided ``[rows, L]`` view of
+    the arena, and a batch is one fancy-index copy out of it. A gather pins its slots
+    until it is done; a chunk that finds no free slot (every slot pinned: a global
+    shuffle with more chunks per moment than slots) is read into a loose array for that
+    one batch. Thread-safe; a forked child opens its own (its dataset's runtime is per
+    process, NOTE[dataset-runtime]).
+
+    Args:
+        index: The corpus.
+        cache: Its read-through cache (whose samples are chunks).
+        capacity: Arena slots (chunks kept).
+        readahead: Announced chunks queued at most beyond those being read.
+        threads: Read-ahead threads.
+        close_timeout_s: How long :meth:`close` waits for reads in flight.
+    """
+
+    def __init__(
+        self,
+        index: BlockIndex,
+        cache: ReadThroughCache,
+        *,
+        capacity: int,
+        readahead: int,
+        threads: int = READAHEAD_THREADS,
+        close_timeout_s: float = 10.0,
+    ) -> None:
+        self.index = index
+        self.cache = cache
+        self.capacity = max(1, min(capacity, index.num_chunks))
+        self.readahead_limit = max(0, readahead)
+        self.threads = max(1, threads)
+        self.close_timeout_s = close_timeout_s
+        t = index.block_size
+        self._rows_per_slot = index.chunk_blocks + 1
+        self._slot_tokens = self._rows_per_slot * t
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._arena: np.ndarray | None = None
+        self._rows: np.ndarray | None = None
+        self._slot_of: OrderedDict[int, int] = OrderedDict()  # kept chunks, LRU first
+        self._pins = [0] * self.capacity
+        self._free = list(range(self.capacity - 1, -1, -1))
+        self._loading: dict[int, _Load] = {}
+        self._pending: deque[int] = deque()
+        self._pending_set: set[int] = set()
+        self._unused: set[int] = set()  # read ahead, not yet held by a gather
+        self._running = 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
+        self.chunk_reads = 0
+        """Chunks read through the cache chain by this process."""
+        self.readahead_reads = 0
+        """Of those, chunks read by the read-ahead threads."""
+        self.loose_reads = 0
+        """Of those, chunks not kept (no free slot, or ``keep_misses`` off): each served
+        the one batch that read it, straight from its record."""
+        self.keep_misses = True
+        """Whether a chunk a batch reads itself goes into the arena. Off for a global
+        shuffle (:meth:`TokenDataset.prefetch`), where a chunk is rarely needed twice
+        before it would be dropped: copying it in would cost its whole size per block."""
+
+    def __repr__(self) -> str:
+        return (
+            f"ChunkReader({self.index.url!r}, kept={len(self._slot_of)}/{self.capacity}, "
+            f"reads={self.chunk_reads}, ahead={self.readahead_reads}, loose={self.loose_reads})"
+        )
+
+    # -- the arena -------------------------------------------------------------------
+
+    def _ensure_arena(self) -> np.ndarray:
+        """The arena and its row view, allocated on first use (lock held)."""
+        if self._arena is None:
+            index = self.index
+            tokens = self.capacity * self._slot_tokens
+            arena = np.empty(tokens, dtype=index.dtype)
+            rows = self.capacity * self._rows_per_slot - 1
+            self._rows = np.lib.stride_tricks.as_strided(
+                arena,
+                shape=(rows, index.length),
+                strides=(index.block_size * arena.itemsize, arena.itemsize),
+                writeable=False,
+            )
+            self._arena = arena
+        return self._arena
+
+    def _take_slot(self) -> int:
+        """A free slot, pinned, or -1 (lock held)."""
+        if not self._free:
+            for c, slot in self._slot_of.items():
+                if not self._pins[slot]:
+                    del self._slot_of[c]
+                    self._unused.discard(c)  # read ahead too far: read again when needed
+                    self._free.append(slot)
+                    break
+        if not self._free:
+            return -1
+        slot = self._free.pop()
+        self._pins[slot] = 1
+        return slot
+
+    def _slot_view(self, slot: int) -> np.ndarray:
+        start = slot * self._slot_tokens
+        return self._ensure_arena()[start : start + self._slot_tokens]
+
+    # -- reading ---------------------------------------------------------------------
+
+    def gather(self, ids: np.ndarray, chunk_of: np.ndarray, out: np.ndarray) -> None:
+        """Copy blocks ``ids`` (in chunks ``chunk_of``) into ``out[i]`` (``[B, L]``).
+
+        Raises:
+            CorruptRecordError: A chunk's bytes are not what its index says.
+            StoreError: The store failed after retries.
+        """
+        wanted = list(dict.fromkeys(chunk_of.tolist()))
+        held = self.hold(wanted)
+        try:
+            local = ids - chunk_of * self.index.chunk_blocks
+            if not held.loose:
+                slots = np.array([held.slots[c] for c in chunk_of.tolist()], dtype=np.int64)
+                out[:] = self._rows[slots * self._rows_per_slot + local]  # type: ignore[index]
+                return
+            t, length = self.index.block_size, self.index.length
+            for k, (c, j) in enumerate(zip(chunk_of.tolist(), local.tolist(), strict=True)):
+                slot = held.slots.get(c)
+                if slot is not None:
+                    out[k] = self._rows[slot * self._rows_per_slot + j]  # type: ignore[index]
+                    continue
+                piece = held.loose[c][j * t : j * t + length]
+                out[k, : len(piece)] = piece
+                out[k, len(piece) :] = self.index.pad_id  # the last block, tail="pad"
+        finally:
+            self.release(held)
+
+    def hold(self, chunk_ids: Sequence[int]) -> _Held:
+        """Pin the chunks (reading those not kept); :meth:`release` the result."""
+        held = _Held()
+        mine: list[tuple[int, _Load]] = []
+        waits: list[tuple[int, _Load]] = []
+        with self._lock:
+            for c in chunk_ids:
+                slot = self._slot_of.get(c)
+                if slot is not None:
+                    self._slot_of.move_to_end(c)
+                    self._pins[slot] += 1
+                    held.slots[c] = slot
+                    if self._unused:
+                        self._unused.discard(c)
+                        self._start()
+                    continue
+                load = self._loading.get(c)
+                if load is not None:
+                    waits.append((c, load))
+                    continue
+                self._pending_set.discard(c)
+                load = self._loading[c] = _Load()
+                mine.append((c, load))
+        try:
+            if mine:
+                self._fill(mine, held)
+            for c, load in waits:
+                while not load.done.wait(_WAIT_POLL_S):
+                    pass  # a read in flight ends within the store's own timeouts
+                with self._lock:
+                    slot = self._slot_of.get(c)
+                    if slot is not None:
+                        self._pins[slot] += 1
+                        held.slots[c] = slot
+                        self._unused.discard(c)
+                        self._start()
+                        continue
+                # Failed, read without a slot, or dropped already: read it here (so that
+                # any error is this caller's).
+                self._fill([(c, _Load())], held, keep=False)
+        except BaseException:
+            self.release(held)
+            raise
+        return held
+
+    def release(self, held: _Held) -> None:
+        """Unpin what :meth:`hold` pinned and close the leases of its loose chunks."""
+        with self._lock:
+            for slot in held.slots.values():
+                self._pins[slot] -= 1
+        held.slots.clear()
+        held.loose.clear()
+        leases, held.leases = held.leases, []
+        for lease in leases:
+            lease.close()
+
+    def readahead(self, chunk_ids: Sequence[int]) -> None:
+        """Queue chunks that batches will need soon, in the order they will need them."""
+        with self._lock:
+            if self._closed or not self.readahead_limit:
+                return
+            for c in chunk_ids:
+                if len(self._pending_set) >= _MAX_PENDING:
+                    break
+                if c in self._slot_of or c in self._loading or c in self._pending_set:
+                    continue
+                self._pending.append(c)
+                self._pending_set.add(c)
+            self._start()
+
+    def _start(self) -> None:
+        """Hand queued chunks to idle read-ahead threads (lock held), while fewer than
+        ``readahead_limit`` chunks are being read ahead or were and wait for a batch."""
+        while (
+            self._running < self.threads
+            and self._running + len(self._unused) < self.readahead_limit
+            and self._pending
+            and not self._closed
+        ):
+            c = self._pending.popleft()
+            if c not in self._pending_set:
+                continue  # a batch claimed it meanwhile
+            self._pending_set.discard(c)
+            if c in self._slot_of or c in self._loading:
+                continue
+            load = self._loading[c] = _Load()
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="fastdata-chunks")
+            self._running += 1
+            self._pool.submit(self._ahead, c, load)
+
+    def _ahead(self, c: int, load: _Load) -> None:
+        try:
+            self._fill([(c, load)], None)
+            with self._lock:
+                self.readahead_reads += 1
+        except BaseException as exc:
+            # The batch that needs the chunk reads it again and raises its own error.
+            if not self._closed:
+                logger.warning(
+                    "reading %s ahead failed (%s: %s); the batch that needs it reads it again",
+                    self.index.describe_chunk(c),
+                    type(exc).__name__,
+                    exc,
+                )
+        finally:
+            with self._lock:
+                self._running -= 1
+                self._start()
+                self._idle.notify_all()
+
+    def _fill(
+        self, claimed: list[tuple[int, _Load]], held: _Held | None, *, keep: bool = True
+    ) -> None:
+        """Read claimed chunks through the cache into slots (kept, and pinned for
+        ``held``); one without a free slot, or with ``keep=False``, is served to ``held``
+        as a view of its record, whose lease ``held`` closes on release (a read-ahead
+        without a slot keeps nothing)."""
+        chunks = [c for c, _ in claimed]
+        index = self.index
+        starts, ends = index.chunk_span(chunks)
+        with self._lock:
+            keep = keep and self.keep_misses if held is not None else keep
+            slots = [self._take_slot() if keep else -1 for _ in chunks]
+        loose: dict[int, np.ndarray] = {}
+        lease: Lease | None = None
+        try:
+            lease = self.cache.get_many(chunks)
+            for k, (c, buf) in enumerate(zip(chunks, lease.buffers, strict=True)):
+                tokens = self._tokens_of(c, buf, int(ends[k] - starts[k]))
+                if slots[k] >= 0:
+                    view = self._slot_view(slots[k])
+                    view[: len(tokens)] = tokens
+                    view[len(tokens) : len(tokens) + index.length] = index.pad_id
+                    claimed[k][1].slot = slots[k]
+                elif held is not None:
+                    loose[c] = tokens
+        except BaseException as exc:
+            if lease is not None:
+                lease.close()
+            with self._lock:
+                for (c, load), slot in zip(claimed, slots, strict=True):
+                    if slot >= 0:
+                        self._pins[slot] = 0
+                        self._free.append(slot)
+                    if self._loading.get(c) is load:
+                        del self._loading[c]
+                    load.error = exc
+                    load.done.set()
+            raise
+        if loose and held is not None:
+            held.leases.append(lease)
+        else:
+            lease.close()
+        with self._lock:
+            self.chunk_reads += len(chunks)
+            self.loose_reads += len(chunks) - sum(slot >= 0 for slot in slots)
+            for c, load in claimed:
+                if load.slot >= 0:
+                    self._slot_of[c] = load.slot
+                    if held is not None:
+                        held.slots[c] = load.slot  # keeps the pin taken with the slot
+                    else:
+                        self._pins[load.slot] -= 1
+                        self._unused.add(c)
+                if self._loading.get(c) is load:
+                    del self._loading[c]
+                load.done.set()
+        if held is not None:
+            held.loose.update(loose)
+
+    def _tokens_of(self, c: int, buf: Any, expected: int) -> np.ndarray:
+        index = self.index
+        # The tier that served the record (or the encoder, for a fresh one) checked it.
+        tokens = record.decode(buf, verify=False).get(TOKENS)
+        if (
+            not isinstance(tokens, np.ndarray)
+            or tokens.dtype != index.dtype
+            or tokens.shape != (expected,)
+        ):
+            got = getattr(tokens, "shape", None), getattr(tokens, "dtype", None)
+            raise CorruptRecordError(
+                f"{index.describe_chunk(c)}: the cached record holds {got}, not {expected} "
+                f"tokens of {index.dtype}; clear the cache of {index.url} "
+                "(fastdata clear --dataset)"
+            )
+        return tokens
+
+    def close(self) -> None:
+        """Stop reading ahead, wait (bounded) for reads in flight, drop the kept chunks."""
+        with self._lock:
+            self._closed = True
+            self._pending.clear()
+            self._pending_set.clear()
+            self._idle.wait_for(lambda: self._running == 0, timeout=self.close_timeout_s)
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
+
+
+class _TokenRuntime(_Runtime):
+    """The dataset's per-process handles plus its :class:`ChunkReader`."""
+
+    def __init__(self, dataset: TokenDataset) -> None:
+        super().__init__(dataset)
+        window = dataset.window_chunks + 1  # a window of positions spans one more chunk
+        self.chunks = ChunkReader(
+            dataset.blocks,
+            self.cache,
+            capacity=2 * window + READAHEAD_THREADS,
+            readahead=window,
+            close_timeout_s=dataset.config.prefetch.close_timeout_s,
+        )
+
+    def close(self) -> None:
+        try:
+            self.chunks.close()
+        finally:
+            super().close()
 
 
 def _pieces_flat(base: SampleIndex, dtype: np.dtype) -> tuple[np.ndarray, ...]:
@@ -465,7 +1017,8 @@ class TokenDataset(Dataset):
 
     Iterate it with :class:`fastdata.DataLoader` (``drop_last=True`` for ``[B, T]`` at
     every step); a batch is ``{"tokens": Tensor[B, L], "__id__": block ids}`` with
-    ``L = block_size`` (``+ 1`` with ``targets=True``).
+    ``L = block_size`` (``+ 1`` with ``targets=True``). Blocks are read and cached in
+    chunks of about ``chunk_bytes`` (NOTE[token-chunks]).
 
     Args:
         url: The corpus root (``s3://bucket/tokens``, a local path or ``Path``).
@@ -483,8 +1036,19 @@ class TokenDataset(Dataset):
         pad_id: The padding token of ``tail="pad"``.
         out_dtype: Dtype of the delivered tensors (``torch.int64`` for ``nn.Embedding``).
         pattern: Objects to read (default ``**/*.bin`` for flat files, ``**/*.parquet``).
-        shuffle, seed, cache_dir, cache_bytes, ram_bytes, storage_options, consistency,
-        strict, batch_size, config, on_error: As for :class:`fastdata.Dataset`.
+        shuffle: ``True`` (``"auto"``, default) or ``"shard_window"``: the chunk walk,
+            chunks in a shuffled order and blocks shuffled within windows of
+            ``window_chunks`` chunks (a cold epoch reads each chunk once);
+            ``"global"``: a uniform permutation of all blocks (fast once the chunks fit
+            the RAM tier; beyond it a chunk is read per block); ``False``/``"none"``:
+            block order. Every mode is a pure function of seed and epoch.
+        chunk_bytes: Token bytes per chunk, the unit of reading and caching (an int or a
+            size like ``"4MiB"``; rounded down to whole blocks, at least one). Part of
+            the order (a checkpoint resumes with the same value).
+        window_chunks: Chunks per shuffle window of the chunk walk (more mixes more;
+            each process keeps about three windows of chunks).
+        seed, cache_dir, cache_bytes, ram_bytes, storage_options, consistency, strict,
+        batch_size, config, on_error: As for :class:`fastdata.Dataset`.
 
     Raises:
         ConfigError: A bad argument, a token file whose size is not a multiple of the
@@ -505,6 +1069,8 @@ class TokenDataset(Dataset):
         pattern: str | None = None,
         shuffle: bool | ShuffleMode = True,
         seed: int = 0,
+        chunk_bytes: int | str = DEFAULT_CHUNK_BYTES,
+        window_chunks: int = DEFAULT_WINDOW_CHUNKS,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_bytes: int | str | None = None,
         ram_bytes: int | str | None = None,
@@ -513,7 +1079,7 @@ class TokenDataset(Dataset):
         strict: bool = False,
         batch_size: int = 64,
         config: FastdataConfig | None = None,
-        on_error: Literal["raise", "skip"] = "raise",
+        on_error: OnError = "raise",
     ) -> None:
         IterableDataset.__init__(self)
         url = os.fspath(url) if isinstance(url, os.PathLike) else url
@@ -529,6 +1095,20 @@ class TokenDataset(Dataset):
             raise ConfigError(f"column must be a Parquet column name, got {column!r}")
         if column is not None and dtype is not None:
             raise ConfigError("dtype is for flat token files; a Parquet column has its own type")
+        if not isinstance(pad_id, int) or isinstance(pad_id, bool):
+            raise ConfigError(f"pad_id must be an int, got {pad_id!r}")
+        if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int | str):
+            raise ConfigError(f"chunk_bytes must be an int or a size string, got {chunk_bytes!r}")
+        chunk_nbytes = parse_size(chunk_bytes)
+        if chunk_nbytes < 1:
+            raise ConfigError(f"chunk_bytes must be positive, got {chunk_bytes!r}")
+        if (
+            isinstance(window_chunks, bool)
+            or not isinstance(window_chunks, int)
+            or not 1 <= window_chunks <= 4096
+        ):
+            raise ConfigError(f"window_chunks must be an int in 1..4096, got {window_chunks!r}")
+        self.on_error = check_on_error(on_error)
         layout = "files" if column is None else "parquet"
         self.spec = DatasetSpec(
             url,
@@ -541,20 +1121,17 @@ class TokenDataset(Dataset):
         )
         self.config = _merge_config(config, cache_dir, cache_bytes, ram_bytes)
         self.shuffle = _shuffle_mode(shuffle)
-        self.plan_config = PlanConfig(batch_size=batch_size, seed=seed, shuffle=self.shuffle)
         self.fields = [TOKENS]
         self.transform = None
-        self.on_error = "raise" if on_error == "raise" else _skip_or_fail(on_error)
         self.storage_options = dict(self.spec.storage_options)
         self.out_dtype = out_dtype
+        self.window_chunks = window_chunks
         base = self.spec.open(self.spec.store(self.config.store), self.config.cache.resolved_dir())
         if column is None:
             token_dtype = _flat_dtype(dtype)
             pieces = _pieces_flat(base, token_dtype)
         else:
             pieces, token_dtype = _pieces_parquet(base, column)
-        if not isinstance(pad_id, int) or isinstance(pad_id, bool):
-            raise ConfigError(f"pad_id must be an int, got {pad_id!r}")
         blocks = BlockIndex(
             base,
             block_size=block_size,
@@ -567,12 +1144,19 @@ class TokenDataset(Dataset):
             piece_tokens=pieces[1],
             piece_group=pieces[2],
             piece_span=pieces[3],
+            chunk_bytes=chunk_nbytes,
         )
         if blocks.num_blocks == 0:
             raise ConfigError(
                 f"{url} holds {blocks.total_tokens} tokens: not one block of {block_size}"
             )
         self.index = blocks  # type: ignore[assignment]  # a SampleIndex in all but name
+        self.plan_config = PlanConfig(
+            batch_size=batch_size,
+            seed=seed,
+            shuffle=self.shuffle,
+            window_samples=window_chunks * blocks.chunk_blocks,
+        )
         self.field_kinds = {TOKENS: "fixed"}
         self.epoch = 0
         self._runtime = None
@@ -581,7 +1165,7 @@ class TokenDataset(Dataset):
 
     @property
     def blocks(self) -> BlockIndex:
-        """The block table (``total_tokens``, ``dropped_tokens``, ``num_blocks``)."""
+        """The block table (``total_tokens``, ``dropped_tokens``, ``num_blocks``, chunks)."""
         return self.index  # type: ignore[return-value]
 
     def __repr__(self) -> str:
@@ -595,15 +1179,144 @@ class TokenDataset(Dataset):
         """Block ``sample_id`` and its tokens' place."""
         return self.blocks.describe(sample_id)
 
-    def fetch_batch(self, sample_ids: np.ndarray, *, on_error: Any = None) -> Batch:
-        """One batch of blocks: ``{"tokens": Tensor[B, L], "__id__": ids}``."""
-        batch = super().fetch_batch(sample_ids, on_error=on_error)
-        if isinstance(batch, SkippedBatch):
-            return batch
-        tokens = batch[TOKENS]
-        # A copy: the pooled buffer is free again at once, the tensor is the model's dtype.
-        batch[TOKENS] = tokens.to(self.out_dtype) if tokens.dtype != self.out_dtype else tokens
-        return {TOKENS: batch[TOKENS], ID_KEY: batch[ID_KEY]}
+    def runtime(self) -> _TokenRuntime:
+        """This process's store, cache, pool and chunk reader, opened on first use."""
+        with self._runtime_lock:
+            runtime = self._runtime
+            if runtime is None or runtime.pid != os.getpid():
+                runtime = self._runtime = _TokenRuntime(self)
+                _OPEN.add(self)
+            return cast(_TokenRuntime, runtime)
+
+    def order(self, epoch: int, config: PlanConfig | None = None) -> EpochOrder:
+        """The epoch's block order: the chunk walk for ``"auto"`` and ``"shard_window"``
+        (chunks are the shards, ``config.window_samples`` blocks a window), else as
+        ``config.shuffle`` says (NOTE[token-chunks]). The same on every rank and worker."""
+        config = config or self.plan_config
+        if config.shuffle in ("auto", "shard_window"):
+            return EpochOrder(len(self), config, epoch=epoch, shard_sizes=self.blocks.chunk_sizes())
+        return EpochOrder(len(self), config, epoch=epoch)
+
+    def fetch_batch(self, sample_ids: np.ndarray, *, on_error: OnError | None = None) -> Batch:
+        """One batch of blocks: ``{"tokens": Tensor[B, L], "__id__": ids}``, gathered
+        from the chunks the blocks lie in (NOTE[token-chunks]).
+
+        Raises:
+            CorruptRecordError: A chunk's bytes are not what the index says (a note names
+                the chunk and the blocks of this batch in it); with ``on_error="skip"``
+                those blocks are left out instead.
+            StoreError: The store failed after retries.
+        """
+        policy = self.on_error if on_error is None else check_on_error(on_error)
+        blocks = self.blocks
+        ids = blocks._ids(sample_ids)
+        reader = self.runtime().chunks
+        chunk_of = ids // blocks.chunk_blocks
+        try:
+            return self._gather(reader, ids, chunk_of)
+        except CorruptRecordError as exc:
+            bad = self._bad_chunks(reader, ids, chunk_of, exc, policy)
+        keep = ~np.isin(chunk_of, bad)
+        if not keep.any():
+            return SkippedBatch(ids.tolist())  # type: ignore[return-value]
+        return self._gather(reader, ids[keep], chunk_of[keep])
+
+    def _gather(self, reader: ChunkReader, ids: np.ndarray, chunk_of: np.ndarray) -> Batch:
+        # A pool buffer (NOTE[pool-reuse]): reused once the batch is dropped, so a batch
+        # costs no page faults, and pinned when CUDA is present.
+        np_dtype = _numpy_dtype(self.out_dtype)
+        raw = self.runtime().pool.acquire(len(ids) * self.blocks.length * np_dtype.itemsize)
+        target = raw.view(np_dtype).reshape(len(ids), self.blocks.length)
+        reader.gather(ids, chunk_of, target)
+        return {
+            TOKENS: torch.from_numpy(target),
+            ID_KEY: torch.from_numpy(np.array(ids, dtype=np.int64)),
+        }
+
+    def _bad_chunks(
+        self,
+        reader: ChunkReader,
+        ids: np.ndarray,
+        chunk_of: np.ndarray,
+        first: CorruptRecordError,
+        policy: OnError,
+    ) -> list[int]:
+        """The batch's chunks that cannot be read, their blocks skipped (``on_error=
+        "skip"``); raises the first such error with a note naming its blocks otherwise."""
+        bad: list[int] = []
+        for c in dict.fromkeys(chunk_of.tolist()):
+            try:
+                reader.release(reader.hold([c]))
+            except CorruptRecordError as exc:
+                mine = ids[chunk_of == c].tolist()
+                exc.add_note(
+                    f"fastdata: raised while reading {self.blocks.describe_chunk(c)}, which "
+                    f"holds blocks {mine} of this batch"
+                )
+                if policy == "raise":
+                    raise
+                bad.append(c)
+                for b in mine:
+                    self._skip(b, exc)
+        if not bad:
+            raise first  # not one chunk's: the batch as a whole failed
+        return bad
+
+    def prefetch(
+        self,
+        plan: EpochPlan,
+        *,
+        worker_id: int = 0,
+        num_workers: int = 1,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        unbatch: bool = False,
+        group: int = 1,
+        on_error: OnError | None = None,
+    ) -> Prefetcher[np.ndarray, Any]:
+        """As :meth:`fastdata.Dataset.prefetch`; the hint announces the chunks of the
+        coming batches (about two windows ahead) to the chunk reader and the cache."""
+        runtime = self.runtime()
+        blocks = self.blocks
+        # A global shuffle over more chunks than the arena holds needs a chunk per block:
+        # read-ahead and keeping what a batch reads would copy whole chunks for single
+        # blocks (ChunkReader.keep_misses).
+        walks = plan.order.config.shuffle != "global"
+        walks = walks or blocks.num_chunks <= runtime.chunks.capacity
+        runtime.chunks.keep_misses = walks
+
+        def hint(upcoming: list[np.ndarray]) -> None:
+            chunks = np.concatenate(upcoming) // blocks.chunk_blocks
+            unique, first = np.unique(chunks, return_index=True)
+            ordered = unique[np.argsort(first, kind="stable")].tolist()
+            if walks:
+                runtime.chunks.readahead(ordered)
+            runtime.cache.hint(ordered)
+
+        batches: Iterator[np.ndarray] = plan.batches_for_worker(worker_id, num_workers)
+        if group > 1:
+            batches = _grouped(batches, group)
+        # Positions of the order that one of this consumer's batches advances past.
+        per_batch = plan.samples_per_step * max(1, group) * max(1, num_workers)
+        window = self.window_chunks * blocks.chunk_blocks
+        settings = self.config.prefetch
+        horizon = min(1 << 16, max(settings.hint_batches, math.ceil(2 * window / per_batch)))
+        prefetcher = Prefetcher(
+            batches,
+            self._make_fetch(collate_fn, unbatch=unbatch, on_error=on_error),
+            config=replace(settings, hint_batches=horizon),
+            hint=hint,
+        )
+        self._prefetchers.add(prefetcher)
+        return prefetcher
+
+
+@functools.cache
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """The numpy dtype of a torch dtype (ConfigError where numpy has none)."""
+    try:
+        return torch.empty(0, dtype=dtype).numpy().dtype
+    except TypeError as exc:
+        raise ConfigError(f"out_dtype {dtype} has no numpy equivalent; use an int dtype") from exc
 
 
 def _flat_dtype(dtype: str | np.dtype | None) -> np.dtype:
@@ -614,9 +1327,3 @@ def _flat_dtype(dtype: str | np.dtype | None) -> np.dtype:
     if found.name not in _FLAT_DTYPES:
         raise ConfigError(f"dtype must be one of {', '.join(_FLAT_DTYPES)}, got {found}")
     return found.newbyteorder("<")
-
-
-def _skip_or_fail(on_error: object) -> Literal["skip"]:
-    if on_error == "skip":
-        return "skip"
-    raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")

@@ -12,13 +12,17 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-from fastdata.testing.seaweedfs import ACCESS_KEY, SECRET_KEY, SeaweedServer
+from fastdata.testing.s3 import S3Target
+from fastdata.testing.seaweedfs import SeaweedServer
+
+# The contract suites live in the package (fastdata.testing) so a third-party tier or
+# store can run them; their asserts get pytest's messages only when registered first.
+pytest.register_assert_rewrite("fastdata.testing.store_contract", "fastdata.testing.tier_contract")
 
 settings.register_profile("dev", max_examples=50, deadline=None)
 settings.register_profile(
@@ -30,45 +34,6 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 _bucket_ids = itertools.count()
-
-
-@dataclass(frozen=True)
-class S3Target:
-    """One bucket on an S3-compatible server, with what clients need to reach it."""
-
-    endpoint_url: str
-    bucket: str
-
-    @property
-    def url(self) -> str:
-        return f"s3://{self.bucket}"
-
-    @property
-    def storage_options(self) -> dict[str, Any]:
-        return {
-            "key": ACCESS_KEY,
-            "secret": SECRET_KEY,
-            "client_kwargs": {"endpoint_url": self.endpoint_url, "region_name": "us-east-1"},
-        }
-
-    @property
-    def env(self) -> dict[str, str]:
-        return {
-            "AWS_ENDPOINT_URL": self.endpoint_url,
-            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-            "AWS_DEFAULT_REGION": "us-east-1",
-        }
-
-    def boto3_client(self) -> Any:
-        boto3 = pytest.importorskip("boto3")
-        return boto3.client(
-            "s3",
-            endpoint_url=self.endpoint_url,
-            aws_access_key_id=ACCESS_KEY,
-            aws_secret_access_key=SECRET_KEY,
-            region_name="us-east-1",
-        )
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from fastdata.config import check_int
 from fastdata.errors import ConfigError
 
 __all__ = ["BenchConfig", "Layout"]
@@ -58,15 +59,8 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         for name in ("samples", "sample_bytes", "batch_size", "epochs", "shard_samples"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"bench {name} must be a positive int, got {value!r}")
-        if (
-            not isinstance(self.workers, int)
-            or isinstance(self.workers, bool)
-            or not (0 <= self.workers <= 64)
-        ):
-            raise ConfigError(f"bench workers must be an int in 0..64, got {self.workers!r}")
+            check_int(f"bench {name}", getattr(self, name), 1)
+        check_int("bench workers", self.workers, 0, 64)
         if self.baseline_step_batches < 1:
             raise ConfigError(
                 f"bench baseline_step_batches must be positive, got {self.baseline_step_batches}"

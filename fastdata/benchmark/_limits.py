@@ -31,7 +31,7 @@ import numpy as np
 from fastdata import record
 from fastdata._pagecache import drop_page_cache
 from fastdata.benchmark._measure import cpu_spent, percentiles, process_cpu_s, server_cpu_s
-from fastdata.cache.lmdb_tier import HEADER_BYTES
+from fastdata.cache.lmdb_budget import HEADER_BYTES
 from fastdata.config import StoreConfig
 from fastdata.index import SampleIndex
 from fastdata.store import ByteRange, Store

@@ -16,7 +16,7 @@ own error, with its own traceback.
 NOTE[chain-writeback]: records read from the source are written into the tiers when the
 caller closes the lease, after the tier leases of that call are closed, never while
 they are open. An LMDB lease holds the environment's gate (NOTE[lmdb-gate] in
-``_env.py``), and a write that needs a bigger map cannot wait for the resize while its
+``_lmdb_env.py``), and a write that needs a bigger map cannot wait for the resize while its
 own thread holds the gate: written under the lease, most records of a cold batch were
 rejected and the next epoch was not warm. A tier lease that found nothing is closed at
 once, before the source is read, so slow source reads do not hold the gate either.
@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from fastdata import record
@@ -44,6 +44,9 @@ from fastdata.cache.tier import (
     StatsRecorder,
     Tier,
     TierStats,
+    counter,
+    counter_names,
+    plain_dict,
     reset_in_forked_child,
 )
 from fastdata.config import CacheConfig
@@ -62,15 +65,6 @@ __all__ = ["CacheStats", "ReadThroughCache", "SampleSource", "default_tiers"]
 _log = logging.getLogger(__name__)
 _FLIGHT_WAIT_S = 1.0
 _TRANSFER_ATTEMPTS = 4
-_COUNTERS = (
-    "requests",
-    "samples",
-    "source_reads",
-    "source_samples",
-    "source_bytes",
-    "singleflight_waits",
-    "corrupt_transfers",
-)
 
 
 @runtime_checkable
@@ -114,19 +108,19 @@ class CacheStats:
 
     tiers: tuple[TierStats, ...] = ()
     """One entry per tier, fastest first."""
-    requests: int = 0
+    requests: int = counter()
     """``get_many`` calls."""
-    samples: int = 0
+    samples: int = counter()
     """Sample ids requested."""
-    source_reads: int = 0
+    source_reads: int = counter()
     """Calls to ``source.read_samples``."""
-    source_samples: int = 0
+    source_samples: int = counter()
     """Samples read from the source (each missed key once)."""
-    source_bytes: int = 0
+    source_bytes: int = counter()
     """Record bytes produced from source samples."""
-    singleflight_waits: int = 0
+    singleflight_waits: int = counter()
     """Keys this process waited for while another thread fetched them."""
-    corrupt_transfers: int = 0
+    corrupt_transfers: int = counter()
     """Records from the source that failed their checksum and were read again
     (NOTE[transfer-retry])."""
     source_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
@@ -139,15 +133,10 @@ class CacheStats:
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "tiers":
-                value = [t.as_dict() for t in value]
-            elif isinstance(value, LatencyHistogram):
-                value = {"counts": list(value.counts), "total_s": value.total_s}
-            out[f.name] = value
-        return out
+        return plain_dict(self)
+
+
+_COUNTERS = counter_names(CacheStats)
 
 
 def default_tiers(config: CacheConfig | None = None) -> list[Tier]:

@@ -42,6 +42,8 @@ __all__ = [
     "DATASET_ID_BYTES",
     "FINGERPRINT_BYTES",
     "KEY_BYTES",
+    "NODE_COUNTERS",
+    "TIER_COUNTERS",
     "CacheItem",
     "DatasetInfo",
     "LatencyHistogram",
@@ -52,7 +54,11 @@ __all__ = [
     "check_items",
     "check_keys",
     "check_num_samples",
+    "counter",
+    "counter_names",
     "make_key",
+    "node_counter",
+    "plain_dict",
     "reset_in_forked_child",
 ]
 
@@ -251,7 +257,7 @@ class Lease:
 
     def __del__(self) -> None:
         # Safety net only: a lease dropped without close() must not keep an LMDB
-        # reader slot (and the process gate) forever. NOTE[lmdb-gate] in _env.py.
+        # reader slot (and the process gate) forever. NOTE[lmdb-gate] in _lmdb_env.py.
         if getattr(self, "_release", None) is not None:
             self.close()
 
@@ -293,6 +299,46 @@ class LatencyHistogram:
         return self.bounds_us[-1] / 1e6
 
 
+_COUNTER = "counter"
+
+
+def counter() -> Any:
+    """A stats field that counts events (starts at 0): :func:`counter_names` finds it."""
+    return field(default=0, metadata={_COUNTER: "process"})
+
+
+def node_counter() -> Any:
+    """A :func:`counter` the LMDB tier also keeps node-wide (NOTE[lmdb-node-counters])."""
+    return field(default=0, metadata={_COUNTER: "node"})
+
+
+def counter_names(stats_class: type, *, node_only: bool = False) -> tuple[str, ...]:
+    """The event counters of a stats dataclass, in field order (its :func:`counter` fields).
+
+    The field declarations are the one list of counter names: a recorder counts exactly
+    these, and the node-wide record stores the ``node_only`` ones in this order.
+    """
+    return tuple(
+        f.name
+        for f in fields(stats_class)
+        if f.metadata.get(_COUNTER) in (("node",) if node_only else ("node", "process"))
+    )
+
+
+def plain_dict(stats: Any) -> dict[str, Any]:
+    """A stats dataclass as a JSON-ready dict: a histogram becomes a dict of its fields,
+    nested stats (a tuple of them) become dicts (lists of them)."""
+    out: dict[str, Any] = {}
+    for f in fields(stats):
+        value = getattr(stats, f.name)
+        if isinstance(value, LatencyHistogram):
+            value = {"counts": list(value.counts), "total_s": value.total_s}
+        elif isinstance(value, tuple) and all(hasattr(v, "as_dict") for v in value):
+            value = [v.as_dict() for v in value]
+        out[f.name] = value
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class TierStats:
     """Counters of one tier, as plain data (``as_dict()`` for JSON and the CLI).
@@ -304,25 +350,25 @@ class TierStats:
 
     name: str = ""
     """Which tier: ``ram`` or ``lmdb``."""
-    hits: int = 0
+    hits: int = node_counter()
     """Keys found with the expected fingerprint and a valid checksum."""
-    misses: int = 0
+    misses: int = node_counter()
     """Keys not found, stale, corrupt or not looked up (fall-through); every non-hit."""
-    stale: int = 0
+    stale: int = node_counter()
     """Keys found with a different fingerprint (the source object changed)."""
-    corruptions: int = 0
+    corruptions: int = node_counter()
     """Entries whose header or checksum failed; each was dropped."""
-    rejections: int = 0
+    rejections: int = node_counter()
     """Records offered to ``put_many`` and not admitted (policy, budget or fault)."""
-    evictions: int = 0
+    evictions: int = node_counter()
     """Entries removed to make room, by ``evict`` or ``clear``."""
-    fall_throughs: int = 0
+    fall_throughs: int = counter()
     """Keys passed on unread because the tier could not be used (fault, degraded)."""
-    bytes_read: int = 0
+    bytes_read: int = node_counter()
     """Record bytes returned by hits."""
-    bytes_written: int = 0
+    bytes_written: int = node_counter()
     """Record bytes admitted by ``put_many``."""
-    write_errors: int = 0
+    write_errors: int = counter()
     """Write transactions that failed (a full disk, an I/O error, ...); none were retried."""
     entries: int = 0
     """Entries in the tier now."""
@@ -349,13 +395,14 @@ class TierStats:
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict; histograms become dicts of their fields."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, LatencyHistogram):
-                value = {"counts": list(value.counts), "total_s": value.total_s}
-            out[f.name] = value
-        return out
+        return plain_dict(self)
+
+
+TIER_COUNTERS = counter_names(TierStats)
+"""Every tier's event counters, the :func:`counter` fields of :class:`TierStats`."""
+NODE_COUNTERS = counter_names(TierStats, node_only=True)
+"""The counters the LMDB tier keeps node-wide (NOTE[lmdb-node-counters]), in the order
+of its saved record."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,18 +491,7 @@ class StatsRecorder:
         calls: The kinds of call whose latencies are kept (``get`` and ``put`` for a tier).
     """
 
-    TIER_COUNTERS = (
-        "hits",
-        "misses",
-        "stale",
-        "corruptions",
-        "rejections",
-        "evictions",
-        "fall_throughs",
-        "bytes_read",
-        "bytes_written",
-        "write_errors",
-    )
+    TIER_COUNTERS = TIER_COUNTERS
 
     def __init__(
         self, counters: Sequence[str] = TIER_COUNTERS, calls: Sequence[str] = ("get", "put")

@@ -9,6 +9,7 @@ process opening one finds all of it or none and rebuilds. The empty claim files 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections.abc import Sequence
@@ -43,12 +44,8 @@ class ClearResult:
 
     def as_dict(self) -> dict[str, object]:
         """A JSON-ready dict."""
-        return {
-            "dataset_ids": list(self.dataset_ids),
-            "entries": self.entries,
-            "indexes": self.indexes,
-            "urls": list(self.urls),
-        }
+        fields = dataclasses.asdict(self).items()
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in fields}
 
 
 def match_datasets(

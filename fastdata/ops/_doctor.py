@@ -19,13 +19,13 @@ import numpy as np
 
 from fastdata._pagecache import drop_page_cache
 from fastdata.cache import LmdbTier
-from fastdata.config import FastdataConfig
+from fastdata.cache.lmdb_budget import record_costs, room_bytes
+from fastdata.config import FastdataConfig, check_int
 from fastdata.errors import ConfigError
 from fastdata.index import SampleIndex
 from fastdata.ops._advice import advise
 from fastdata.store import Store
-from fastdata.warm import DatasetSpec, NodePlan
-from fastdata.warm._select import access_order, record_costs, room_bytes, source_bytes
+from fastdata.warm import DatasetSpec, NodePlan, access_order, source_bytes
 
 __all__ = ["DoctorConfig", "DoctorReport", "doctor"]
 
@@ -63,9 +63,7 @@ class DoctorConfig:
             ("disk_bytes", 1024**2, 1 << 40),
         )
         for name, low, high in checks:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-                raise ConfigError(f"doctor {name} must be an int in {low}..{high}, got {value!r}")
+            check_int(f"doctor {name}", getattr(self, name), low, high)
         step = self.step_time_s
         if step is not None and (not isinstance(step, int | float) or not step > 0):
             raise ConfigError(f"step_time_s must be a positive number of seconds, got {step!r}")

@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastdata.config import PrefetchConfig
+from fastdata.config import PrefetchConfig, check_int
 from fastdata.errors import ConfigError, FastdataError
 from fastdata.record import aligned_empty
 
@@ -230,15 +230,7 @@ class BufferPool:
     def __init__(
         self, capacity_bytes: int, *, pin: bool | None = None, wait_s: float = 1.0
     ) -> None:
-        if (
-            not isinstance(capacity_bytes, int)
-            or isinstance(capacity_bytes, bool)
-            or capacity_bytes < PAGE_BYTES
-        ):
-            raise ConfigError(
-                f"BufferPool capacity_bytes must be an int of at least {PAGE_BYTES}, "
-                f"got {capacity_bytes!r}"
-            )
+        check_int("BufferPool capacity_bytes", capacity_bytes, PAGE_BYTES)
         if pin not in (None, True, False):
             raise ConfigError(f"BufferPool pin must be True, False or None, got {pin!r}")
         if not isinstance(wait_s, int | float) or isinstance(wait_s, bool) or not wait_s >= 0:
@@ -294,9 +286,7 @@ class BufferPool:
             ConfigError: ``nbytes`` is not a non-negative int.
             FastdataError: The pool is closed.
         """
-        if not isinstance(nbytes, int | np.integer) or isinstance(nbytes, bool) or nbytes < 0:
-            raise ConfigError(f"acquire needs a non-negative int of bytes, got {nbytes!r}")
-        nbytes = int(nbytes)
+        nbytes = check_int("acquire nbytes", nbytes, 0, integral=True)
         size = _size_class(nbytes)
         with self._lock:
             self._check_open()

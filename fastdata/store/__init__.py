@@ -11,5 +11,6 @@ from __future__ import annotations
 
 from fastdata.store._store import Store
 from fastdata.store._types import ByteRange, ObjectInfo, StoreStats, glob_to_regex
+from fastdata.store._url import normalize_url
 
-__all__ = ["ByteRange", "ObjectInfo", "Store", "StoreStats", "glob_to_regex"]
+__all__ = ["ByteRange", "ObjectInfo", "Store", "StoreStats", "glob_to_regex", "normalize_url"]

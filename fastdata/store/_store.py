@@ -43,6 +43,7 @@ from fastdata.store._loop import LoopThread, process_loop
 from fastdata.store._retry import Counters, RetryEnv, RetryPolicy, retrying
 from fastdata.store._s3options import resolve_s3_endpoint
 from fastdata.store._types import ByteRange, ObjectInfo, StoreStats, glob_to_regex
+from fastdata.store._url import parse_url
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -102,9 +103,7 @@ class Store:
             )
         if config is not None and not isinstance(config, StoreConfig):
             raise ConfigError(f"config must be a StoreConfig, got {type(config).__name__}")
-        protocol, sep, rest = url.partition("://")
-        if not sep:
-            protocol, rest = "file", url
+        protocol, rest, has_protocol = parse_url(url)
         if protocol not in fsspec.available_protocols():
             raise ConfigError(
                 f"unknown protocol {protocol!r} in store URL {url!r}: use s3://, file://, "
@@ -112,7 +111,7 @@ class Store:
             )
         if protocol in OBSTORE_PROTOCOLS and not rest.strip("/"):
             raise ConfigError(f"store URL {url!r} names no bucket: use s3://bucket[/prefix]")
-        self.url = url.rstrip("/") if sep and rest.strip("/") else url
+        self.url = url.rstrip("/") if has_protocol and rest.strip("/") else url
         self.protocol = protocol
         self.storage_options: dict[str, Any] = dict(storage_options or {})
         self.config = config or StoreConfig()

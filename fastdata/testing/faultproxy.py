@@ -3,12 +3,14 @@
 The proxy listens on 127.0.0.1 (a free port), forwards every request to one upstream
 S3-compatible endpoint (SeaweedFS or moto) and, when a rule matches, answers with a fault
 instead: an HTTP error status (503 SlowDown with ``Retry-After``, 429, 500, 404, 403), a
-connection reset, a body cut short of its ``Content-Length``, a delay, or a body forwarded
+connection reset, a body cut short of its ``Content-Length``, a delay, a hold until the
+test opens a gate (``Fault.hold``, to line up several clients), or a body forwarded
 in full but with a few bytes flipped (``Fault.corrupt``, what a faulty NIC, cable or
 middlebox does on a plain-HTTP path). A rule may apply to every matching request, to the
 next ``times`` of them, or to each with a ``probability`` (seeded). It counts
-requests per path and the most requests it held in flight at once, so tests can prove
-both "no retry happened" and "the reads really ran concurrently"::
+requests per path, the response body bytes it forwarded per path, and the most requests
+it held in flight at once, so tests can prove "no retry happened", "the store sent at most
+this many bytes" and "the reads really ran concurrently"::
 
     with FaultProxy(server.endpoint_url) as proxy:
         proxy.add(Fault.slow_down(retry_after_s=1), times=2, method="GET", path="/bucket/key")
@@ -80,7 +82,8 @@ class Fault:
     """``status``: answer with ``status``; ``reset``: drop the connection with a TCP reset
     before answering; ``truncate``: forward, then send the full headers but only
     ``keep_bytes`` of the body and close the connection; ``delay``: wait ``delay_s``, then
-    forward normally; ``corrupt``: forward, then send the whole body with
+    forward normally (a ``gate``, when set, first holds the request until it opens);
+    ``corrupt``: forward, then send the whole body with
     ``flips`` bytes changed (XOR with a random non-zero value) at random positions, or at
     ``positions`` when given."""
     status: int = 503
@@ -97,6 +100,10 @@ class Fault:
     """Least and most bytes a ``corrupt`` fault flips in one body."""
     positions: tuple[int, ...] = ()
     """Body offsets a ``corrupt`` fault flips (those inside the body); random when empty."""
+    gate: threading.Event | None = None
+    """A ``delay`` fault of :meth:`hold`: the request waits until this event is set."""
+    hold_s: float = 0.0
+    """The longest a ``gate`` holds one request."""
 
     @classmethod
     def slow_down(cls, retry_after_s: float | None = None) -> Fault:
@@ -166,6 +173,22 @@ class Fault:
         return cls("corrupt", flips=(lo, hi), positions=tuple(positions))
 
     @classmethod
+    def hold(cls, gate: threading.Event, *, timeout_s: float = 60.0, then_s: float = 0.0) -> Fault:
+        """Hold the request while ``gate`` is not set (at most ``timeout_s``), wait
+        ``then_s`` more, then forward it unchanged.
+
+        A test clears the gate to stop one client's progress at a chosen point and sets
+        it once another client's requests are held too (``FaultProxy.in_flight``), so
+        that both go on together (``FaultProxy.held`` counts the requests waiting);
+        with the gate set it is a plain ``delay(then_s)``.
+        """
+        if not 0 <= timeout_s <= 600:
+            raise ValueError(f"timeout_s must be within 0..600 s, got {timeout_s}")
+        if not 0 <= then_s <= 60:
+            raise ValueError(f"then_s must be within 0..60 s, got {then_s}")
+        return cls("delay", delay_s=then_s, gate=gate, hold_s=timeout_s)
+
+    @classmethod
     def delay(cls, seconds: float) -> Fault:
         """Hold the request ``seconds`` (at most 60), then forward it unchanged."""
         if not 0 <= seconds <= 60:
@@ -223,10 +246,12 @@ class _State:
     outage_until: float = 0.0
     outage_fault: Fault = field(default_factory=Fault.reset)
     counts: Counter[tuple[str, str]] = field(default_factory=Counter)
+    body_bytes: Counter[tuple[str, str]] = field(default_factory=Counter)
     history: deque[RequestRecord] = field(default_factory=lambda: deque(maxlen=1000))
     faults_served: int = 0
     in_flight: int = 0
     max_in_flight: int = 0
+    held: int = 0
 
 
 class FaultProxy:
@@ -395,6 +420,38 @@ class FaultProxy:
                 if (path is None or p == path) and (method is None or m == method)
             )
 
+    def body_bytes(
+        self, *, path: str | None = None, method: str | None = None, prefix: str | None = None
+    ) -> int:
+        """Response body bytes forwarded from the upstream to clients so far.
+
+        What a client received of upstream answers: a truncated body counts the bytes
+        let through, a corrupted one its full length; the bodies of injected error
+        statuses and requests reset before an answer count nothing.
+
+        Args:
+            path: Only this exact path (percent-decoded, without the query).
+            method: Only this HTTP method.
+            prefix: Only paths that start with this.
+        """
+        with self._lock:
+            return sum(
+                n
+                for (m, p), n in self._state.body_bytes.items()
+                if (path is None or p == path)
+                and (method is None or m == method)
+                and (prefix is None or p.startswith(prefix))
+            )
+
+    def body_bytes_by_path(self, *, method: str | None = None) -> dict[str, int]:
+        """Forwarded body bytes per path (see :meth:`body_bytes`), for paths with any."""
+        out: Counter[str] = Counter()
+        with self._lock:
+            for (m, p), n in self._state.body_bytes.items():
+                if method is None or m == method:
+                    out[p] += n
+        return dict(out)
+
     def history(self) -> list[RequestRecord]:
         """The most recent requests (up to 1000), oldest first."""
         with self._lock:
@@ -407,6 +464,18 @@ class FaultProxy:
             return self._state.faults_served
 
     @property
+    def in_flight(self) -> int:
+        """Requests the proxy is handling now (held ones included)."""
+        with self._lock:
+            return self._state.in_flight
+
+    @property
+    def held(self) -> int:
+        """Requests waiting at a closed ``Fault.hold`` gate now."""
+        with self._lock:
+            return self._state.held
+
+    @property
     def max_in_flight(self) -> int:
         """The most requests the proxy was handling at the same moment."""
         with self._lock:
@@ -416,6 +485,7 @@ class FaultProxy:
         """Zero the request counts and the in-flight maximum."""
         with self._lock:
             self._state.counts.clear()
+            self._state.body_bytes.clear()
             self._state.history.clear()
             self._state.faults_served = 0
             self._state.max_in_flight = self._state.in_flight
@@ -467,6 +537,27 @@ class FaultProxy:
                     history[i] = dataclasses.replace(record, flipped=offsets)
                     return
 
+    def _count_body(self, method: str, path: str, nbytes: int) -> None:
+        with self._lock:
+            self._state.body_bytes[(method, path)] += nbytes
+
+    def _hold(self, gate: threading.Event, timeout_s: float) -> None:
+        """Wait until ``gate`` is set, the proxy stops, or ``timeout_s`` passed."""
+        if gate.is_set():
+            return
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            self._state.held += 1
+        try:
+            while not gate.is_set() and not self._stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                gate.wait(min(left, 0.05))
+        finally:
+            with self._lock:
+                self._state.held -= 1
+
     def _end(self) -> None:
         with self._lock:
             self._state.in_flight -= 1
@@ -509,6 +600,7 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
         protocol_version = "HTTP/1.1"
         timeout = proxy.idle_timeout_s
         _upstream: http.client.HTTPConnection | None = None
+        _path = ""
 
         def setup(self) -> None:
             super().setup()
@@ -533,6 +625,7 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
 
         def _proxy(self) -> None:
             path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+            self._path = path
             fault, after, rng = proxy._begin(self.command, path, self.headers)
             try:
                 body = self._read_request_body()
@@ -544,6 +637,8 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                         after()
                 else:
                     if fault is not None and fault.kind == "delay":
+                        if fault.gate is not None:
+                            proxy._hold(fault.gate, fault.hold_s)
                         proxy._stop.wait(fault.delay_s)
                     self._forward(body, fault, after, rng)
             except (BrokenPipeError, ConnectionResetError):
@@ -610,6 +705,8 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             if self.command == "HEAD":
                 return
             if fault is not None and fault.kind == "truncate":
+                # Counted before it is sent: a client that has read it sees it counted.
+                proxy._count_body(self.command, self._path, min(fault.keep_bytes, len(payload)))
                 self.wfile.write(payload[: fault.keep_bytes])
                 self.wfile.flush()
                 self.close_connection = True
@@ -622,6 +719,7 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             if fault is not None and fault.kind == "corrupt" and payload:
                 payload, flipped = _corrupt(payload, fault, rng or random.Random(0))
                 proxy._flipped(flipped)
+            proxy._count_body(self.command, self._path, len(payload))
             self.wfile.write(payload)
             if after is not None:
                 after()

@@ -27,11 +27,9 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["SeaweedServer", "find_weed", "free_port"]
+from fastdata.testing.s3 import ACCESS_KEY, SECRET_KEY, S3Target
 
-#: Credentials the embedded server accepts (SeaweedFS without an identity config accepts any).
-ACCESS_KEY = "fastdata"
-SECRET_KEY = "fastdata-secret"
+__all__ = ["ACCESS_KEY", "SECRET_KEY", "SeaweedServer", "find_weed", "free_port"]
 
 
 def find_weed() -> str:
@@ -91,25 +89,19 @@ class SeaweedServer:
             raise RuntimeError("SeaweedServer is not running; call start() first")
         return f"http://127.0.0.1:{self.s3_port}"
 
+    def target(self, bucket: str = "", prefix: str = "") -> S3Target:
+        """How a client reaches ``bucket`` (and ``prefix``) on this server."""
+        return S3Target(self.endpoint_url, bucket, prefix)
+
     @property
     def storage_options(self) -> dict[str, object]:
         """fsspec/s3fs ``storage_options`` that reach this server."""
-        return {
-            "key": ACCESS_KEY,
-            "secret": SECRET_KEY,
-            "client_kwargs": {"endpoint_url": self.endpoint_url, "region_name": "us-east-1"},
-        }
+        return self.target().storage_options
 
     @property
     def env(self) -> dict[str, str]:
         """The standard AWS variables that point boto-style clients at this server."""
-        return {
-            "AWS_ENDPOINT_URL": self.endpoint_url,
-            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_REGION": "us-east-1",
-        }
+        return self.target().env
 
     def start(self, *, attempts: int = 3) -> SeaweedServer:
         """Start the server and wait until its S3 gateway answers.

@@ -14,7 +14,7 @@ This package imports no torch: ``fastdata warm`` starts without it.
 from __future__ import annotations
 
 from fastdata.warm._run import WarmStop
-from fastdata.warm._select import access_order, node_order
+from fastdata.warm._select import access_order, node_order, source_bytes
 from fastdata.warm._types import (
     DatasetSpec,
     FailedObject,
@@ -39,5 +39,6 @@ __all__ = [
     "access_order",
     "node_order",
     "select",
+    "source_bytes",
     "warm",
 ]

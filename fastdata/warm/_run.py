@@ -22,6 +22,16 @@ every task one object, the ready tasks included: a later failure costs nothing b
 own object. Only the tasks already in flight at that moment (at most ``concurrency``
 objects) can still be read twice.
 
+NOTE[warm-commit]: what a task fetched is committed on its own, once the oldest
+uncommitted result is ``_WRITE_AGE_S`` old or ``_FLUSH_BYTES`` gathered (at once when
+the loop has nothing else to do), not when its whole unit is done; the unit's claim is
+kept until its last task is committed. A reader on the node (a DataLoader epoch running
+alongside) that misses an object the warm fetched a moment ago then finds it in the
+cache instead of fetching it again. And right before a task is dispatched its samples
+are looked up in the cache once more (one ``contains_many`` of at most
+``_MAX_TASK_OBJECTS`` objects' keys), so what such a reader cached since the claim is
+not fetched a second time.
+
 NOTE[warm-stop]: a :class:`WarmStop` (``fastdata warm`` requests it on SIGINT and
 SIGTERM) makes the loop stop claiming and dispatching, cancel the tasks not started,
 wait up to ``_STOP_GRACE_S`` for the requests in flight, then commit every record it
@@ -59,8 +69,8 @@ logger = logging.getLogger(__name__)
 _CHECK_BLOCK = 1 << 14
 _MAX_TASK_OBJECTS = 16
 _DECREASE_HOLD_S = 0.5
-_WRITE_AGE_S = 1.0
-_FLUSH_BYTES = 32 * 1024**2  # plus the unit that crosses it: _select.WRITE_BATCH_BYTES
+_WRITE_AGE_S = 0.25
+_FLUSH_BYTES = 32 * 1024**2  # plus the unit that crosses it: lmdb_budget.WRITE_BATCH_BYTES
 _IDLE_POLL_S = 0.05
 _WAIT_S = 0.1
 _STOP_GRACE_S = 3.0
@@ -115,13 +125,24 @@ def present_mask(tier: LmdbTier, index: SampleIndex, ids: np.ndarray) -> np.ndar
 
 @dataclass
 class _Unit:
-    """A claimed unit: the samples still to fetch and what came back so far."""
+    """A claimed unit: the samples still to fetch and how much of it is settled."""
 
     unit: int
     ids: np.ndarray
     est_bytes: int
     tasks_left: int = 0
+    settled_bytes: int = 0
+    """Of ``est_bytes``, the part already counted in the progress."""
+
+
+@dataclass
+class _Write:
+    """What one finished task (or the end of a unit) hands to the writer."""
+
+    unit: _Unit
     fetched: list[Fetched] = field(default_factory=list)
+    final: bool = False
+    """The unit's last entry: its claim is released once this write commits."""
 
 
 @dataclass(frozen=True)
@@ -170,13 +191,13 @@ class FetchLoop:
         self._futures: dict[Future[Fetched], _Task] = {}
         self._tokens = 0
         self._inflight_bytes = 0
-        self._to_write: list[_Unit] = []
+        self._to_write: list[_Write] = []
         self._to_write_bytes = 0
         self._oldest_write = 0.0
-        self._writing: tuple[Future[int], list[_Unit], list[CacheItem], int] | None = None
+        self._writing: tuple[Future[int], list[_Write], list[CacheItem], int] | None = None
         self._last_report = 0.0
         self._started = time.monotonic()
-        self._active: dict[int, _Unit] = {}  # claimed, not yet queued for a write
+        self._active: dict[int, _Unit] = {}  # claimed, its final write not yet queued
         self.stopped = ""
         """Why the loop stopped early (NOTE[warm-stop]); empty when it finished."""
         self.abandoned = 0
@@ -217,7 +238,7 @@ class FetchLoop:
                         break
                     self._fill(pool)
                     self._collect()
-                    self._flush(writer, force=not self._futures)
+                    self._flush(writer, force=self._idle())
                     self._report(progress)
             finally:
                 if stop is not None:
@@ -247,11 +268,9 @@ class FetchLoop:
             self._drop_task(future, task)
         logger.info("stopping (%s): committing what was fetched", self.stopped)
         for unit in list(self._active.values()):
-            if unit.fetched:
-                self._queue_write(unit)  # the fetched part of an unfinished unit
-            else:
-                del self._active[unit.unit]
-                self.claims.release(unit.unit)
+            # Its fetched part is queued already (NOTE[warm-commit]); the claim goes
+            # once that is committed.
+            self._queue_write(_Write(unit, final=True))
         while self._to_write or self._writing is not None:
             self._flush(writer, force=True)
 
@@ -269,6 +288,18 @@ class FetchLoop:
             or self._to_write
             or self._writing
         )
+
+    def _idle(self) -> bool:
+        """Nothing in flight, and nothing to dispatch or no memory left to: write what is
+        held now.
+
+        Otherwise results are written in batches (NOTE[warm-commit]), so that a fast
+        store does not cost a transaction per task (each one grows the LMDB file a
+        little: a warm sized to the budget would not fit)."""
+        if self._futures:
+            return False
+        full = self._held_bytes() * 2 >= self.options.max_inflight_bytes
+        return full or not (self._ready or self._pending)
 
     def _held_bytes(self) -> int:
         """Bytes fetched or being fetched and not yet written (the memory bound)."""
@@ -289,6 +320,10 @@ class FetchLoop:
             if busy:
                 self._ready.appendleft(task)
                 return
+            recheck = self._recheck(task)
+            if recheck is None:
+                continue
+            task = recheck
             future = pool.submit(fetch_samples, self.index, self.store, task.ids, self._faulted.set)
             self._futures[future] = task
             self._tokens += task.tokens
@@ -348,6 +383,25 @@ class FetchLoop:
             for part, r in zip(parts, runs, strict=True)
         ]
 
+    def _recheck(self, task: _Task) -> _Task | None:
+        """NOTE[warm-commit]: leave out what another process cached since the claim."""
+        present = present_mask(self.tier, self.index, task.ids)
+        if not present.any():
+            return task
+        unit, n = task.unit, int(present.sum())
+        share = task.est_bytes * n // len(task.ids)
+        self._settle(n, share, cached=True)
+        unit.settled_bytes += share
+        if n == len(task.ids):
+            unit.tasks_left -= 1
+            if unit.tasks_left == 0:
+                self._queue_write(_Write(unit, final=True))
+            return None
+        ids = task.ids[~present]
+        objects = np.asarray(self.index.locations(ids)["obj"])
+        tokens = 1 + int(np.count_nonzero(objects[1:] != objects[:-1]))
+        return _Task(unit, ids, tokens=tokens, est_bytes=task.est_bytes - share)
+
     def _watch_faults(self, fetched: Fetched) -> None:
         """NOTE[warm-isolate]: one object per task from the first sign of faults on."""
         if self.one_object:
@@ -389,10 +443,8 @@ class FetchLoop:
                 self.not_admitted += len(task.ids)
                 continue
             unit = task.unit
-            unit.fetched.append(fetched)
             unit.tasks_left -= 1
-            if unit.tasks_left == 0:
-                self._queue_write(unit)
+            self._queue_write(_Write(unit, [fetched], final=unit.tasks_left == 0))
 
     def _adapt(self) -> None:
         """NOTE[warm-throttle]."""
@@ -415,19 +467,30 @@ class FetchLoop:
 
     # -- writes --------------------------------------------------------------------------
 
-    def _queue_write(self, unit: _Unit) -> None:
-        self._active.pop(unit.unit, None)
+    def _queue_write(self, entry: _Write) -> None:
+        """Queue a task's results (or a unit's end) for the writer; they count as settled
+        in the progress now, and as fetched once committed."""
+        unit = entry.unit
+        settled = sum(len(f.ids) + sum(x.samples for x in f.failures) for f in entry.fetched)
+        share = unit.est_bytes * settled // len(unit.ids)
+        if entry.final and not unit.tasks_left:
+            share = unit.est_bytes - unit.settled_bytes  # the rounding remainder too
+        unit.settled_bytes += share
+        if settled or share:
+            self._settle(0, share, cached=False, count=settled)
+        if entry.final:
+            self._active.pop(unit.unit, None)
         if not self._to_write:
             self._oldest_write = time.monotonic()
-        self._to_write.append(unit)
-        self._to_write_bytes += sum(f.record_bytes for f in unit.fetched)
+        self._to_write.append(entry)
+        self._to_write_bytes += sum(f.record_bytes for f in entry.fetched)
 
     def _flush(self, writer: ThreadPoolExecutor, *, force: bool) -> None:
-        """Hand finished units to the writer thread in batches; settle the last write.
+        """Hand finished tasks to the writer thread in batches; settle the last write.
 
-        One write at a time: while it runs, fetching goes on and finished units gather
-        for the next one. Claims are released by the writer after the commit
-        (NOTE[warm-claims]).
+        One write at a time: while it runs, fetching goes on and finished tasks gather
+        for the next one. A unit's claim is released by the writer after the commit of
+        its final entry (NOTE[warm-claims], NOTE[warm-commit]).
         """
         if self._writing is not None:
             if not (self._writing[0].done() or (force and not self._futures)):
@@ -440,27 +503,28 @@ class FetchLoop:
         batch_bytes = min(self.tier.config.write_txn_bytes, _FLUSH_BYTES)
         if not (force or aged or self._to_write_bytes >= batch_bytes):
             return
-        units, nbytes = self._to_write, self._to_write_bytes
+        entries, nbytes = self._to_write, self._to_write_bytes
         self._to_write, self._to_write_bytes = [], 0
         items: list[CacheItem] = []
-        for unit in units:
-            for fetched in unit.fetched:
+        for entry in entries:
+            for fetched in entry.fetched:
                 keys = self.index.keys(fetched.ids)
                 fps = self.index.fingerprints(fetched.ids)
                 items.extend(map(CacheItem, keys, fps, fetched.records))
                 fetched.records = []  # the items hold them now
-        future = writer.submit(self._write, units, items)
-        self._writing = (future, units, items, nbytes)
+        future = writer.submit(self._write, entries, items)
+        self._writing = (future, entries, items, nbytes)
 
-    def _write(self, units: list[_Unit], items: list[CacheItem]) -> int:
-        """On the writer thread: commit, then release the units' claims."""
+    def _write(self, entries: list[_Write], items: list[CacheItem]) -> int:
+        """On the writer thread: commit, then release the claims of finished units."""
         try:
             return self.tier.put_many(items) if items else 0
         finally:
-            for unit in units:
-                self.claims.release(unit.unit)
+            for entry in entries:
+                if entry.final:
+                    self.claims.release(entry.unit.unit)
 
-    def _after_write(self, units: list[_Unit], items: list[CacheItem], admitted: int) -> None:
+    def _after_write(self, entries: list[_Write], items: list[CacheItem], admitted: int) -> None:
         refused = len(items) - admitted
         if refused:
             state = self.tier.stats().state
@@ -470,18 +534,11 @@ class FetchLoop:
                     "check the disk and the cache directory (--cache-dir)"
                 )
             self._stop_full(refused)
-        for unit in units:
-            fetched = sum(len(f.ids) for f in unit.fetched)
-            failures = [x for f in unit.fetched for x in f.failures]
+        for entry in entries:
+            failures = [x for f in entry.fetched for x in f.failures]
             self.failures.extend(failures)
             self.status.failed += sum(x.samples for x in failures)
-            self.status.fetched += fetched
-            if unit.tasks_left:  # the fetched part of a unit a stop cut short
-                settled = fetched + sum(x.samples for x in failures)
-                share = unit.est_bytes * settled // len(unit.ids)
-                self._settle(0, share, cached=False, count=settled)
-            else:
-                self._settle(0, unit.est_bytes, cached=False, count=len(unit.ids))
+            self.status.fetched += sum(len(f.ids) for f in entry.fetched)
         self.status.fetched -= refused
 
     def _stop_full(self, refused: int) -> None:

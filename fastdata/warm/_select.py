@@ -9,40 +9,23 @@ subset that fits gives the same hit rate in later epochs; warm keeps the samples
 first (epoch order of this node's ranks with ``--plan``, so that the first epoch starts
 warm; id order otherwise, which fetches whole objects and runs of shards). The room is
 the budget minus the LMDB lock file, the tier's reserve (1% + 20 pages) and what the
-other datasets that are not idle hold; each sample is charged its record's pages.
+other datasets that are not idle hold; each sample is charged its record's pages
+(``fastdata.cache.lmdb_budget``: ``room_bytes``, ``record_costs``, ``fit_budget``, the
+tier's own cost model, NOTE[lmdb-budget]).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
-
 import numpy as np
 
-from fastdata.cache import DatasetInfo
-from fastdata.config import CacheConfig
 from fastdata.index import SampleIndex
 from fastdata.plan import EpochPlan
 from fastdata.spec import epoch_order
 from fastdata.warm._types import NodePlan
 
-__all__ = [
-    "RECORD_OVERHEAD_BYTES",
-    "access_order",
-    "claim_units",
-    "fit_budget",
-    "node_order",
-    "record_costs",
-    "source_bytes",
-]
+__all__ = ["access_order", "claim_units", "node_order", "source_bytes"]
 
-RECORD_OVERHEAD_BYTES = 128
-"""Record header, field table and alignment added to a sample's source bytes (estimate)."""
-_ENTRY_HEADER_BYTES = 48
-_PAGE_BYTES = 4096
 _BLOCK = 1 << 16
-WRITE_BATCH_BYTES = 40 * 1024**2
-"""Record bytes ``warm`` writes in one ``put_many`` at most (about)."""
 
 
 def node_order(index: SampleIndex, plan: NodePlan) -> np.ndarray:
@@ -79,55 +62,6 @@ def source_bytes(index: SampleIndex, ids: np.ndarray) -> np.ndarray:
         part = ids[start : start + _BLOCK]
         out[start : start + len(part)] = index.layout.estimate_bytes(index.locations(part))
     return out
-
-
-def record_costs(nbytes: np.ndarray, page_bytes: int = _PAGE_BYTES) -> np.ndarray:
-    """Bytes of LMDB map each sample takes: whole overflow pages, or a leaf-page share."""
-    value = nbytes + (RECORD_OVERHEAD_BYTES + _ENTRY_HEADER_BYTES)
-    pages = -(-(value + 16) // page_bytes) * page_bytes
-    small = (value + 26) * 3 // 2
-    return np.where(value + 24 > page_bytes // 2, pages, small)
-
-
-def room_bytes(
-    config: CacheConfig,
-    datasets: Sequence[DatasetInfo],
-    dataset_id: bytes,
-    *,
-    now_s: float | None = None,
-) -> int:
-    """Bytes of the budget this dataset may fill (NOTE[warm-budget])."""
-    now = time.time() if now_s is None else now_s
-    lock_bytes = 64 * max(config.lmdb_max_readers, 126) + 8192
-    usable = config.max_bytes - lock_bytes
-    usable -= usable // 100 + 20 * _PAGE_BYTES
-    others = 0
-    for info in datasets:
-        idle = info.last_access_s and now - info.last_access_s > config.idle_dataset_s
-        if info.dataset_id != dataset_id and not idle:
-            others += info.bytes_used + info.entries * (_PAGE_BYTES // 2)
-    return max(0, usable - others)
-
-
-def fit_budget(costs: np.ndarray, room: int, *, write_bytes: int = WRITE_BATCH_BYTES) -> int:
-    """How many samples, taken in order, fit in ``room`` bytes of LMDB map.
-
-    ``costs`` are the samples' :func:`record_costs`. Besides their pages the tier keeps
-    free one page per record of a write for the leaf pages that write copies (up to the
-    number of leaf pages); that reserve, for a last write of ``write_bytes``, comes off
-    the room too.
-    """
-    if len(costs) == 0 or room <= 0:
-        return 0
-    total = np.cumsum(costs, dtype=np.int64)
-    keep = int(np.searchsorted(total, room, side="right"))
-    if keep == 0:
-        return 0
-    leaf = np.where(costs < _PAGE_BYTES, costs, 64)[:keep]
-    tree_pages = int(leaf.sum()) // _PAGE_BYTES + 2
-    per_write = max(1, write_bytes // max(1, int(total[keep - 1]) // keep))
-    reserve = _PAGE_BYTES * min(keep, per_write, tree_pages)
-    return int(np.searchsorted(total, room - reserve, side="right"))
 
 
 def claim_units(index: SampleIndex, claim_bytes: int) -> np.ndarray:

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from fastdata.config import parse_size
+from fastdata.config import check_int, parse_size
 from fastdata.errors import ConfigError
 from fastdata.plan import PlanConfig, ShuffleMode
 from fastdata.spec import DatasetSpec
@@ -22,12 +22,6 @@ __all__ = [
 ]
 
 FailureKind = Literal["missing", "denied", "changed", "corrupt", "store"]
-
-
-def _int_in(name: str, value: object, low: int, high: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise ConfigError(f"{name} must be an int in {low}..{high}, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -63,12 +57,12 @@ class NodePlan:
     """Ranks on each node (torchrun's ``LOCAL_WORLD_SIZE``)."""
 
     def __post_init__(self) -> None:
-        _int_in("epochs", self.epochs, 1, 1 << 20)
-        _int_in("first_epoch", self.first_epoch, 0, 1 << 40)
-        _int_in("world_size", self.world_size, 1, 1 << 24)
-        _int_in("ranks_per_node", self.ranks_per_node, 1, self.world_size)
+        check_int("epochs", self.epochs, 1, 1 << 20)
+        check_int("first_epoch", self.first_epoch, 0, 1 << 40)
+        check_int("world_size", self.world_size, 1, 1 << 24)
+        check_int("ranks_per_node", self.ranks_per_node, 1, self.world_size)
         nodes = -(-self.world_size // self.ranks_per_node)
-        _int_in("node_rank", self.node_rank, 0, nodes - 1)
+        check_int("node_rank", self.node_rank, 0, nodes - 1)
         self.plan_config()  # validates batch_size, seed, shuffle and drop_last
 
     def plan_config(self) -> PlanConfig:
@@ -110,12 +104,12 @@ class WarmConfig:
     """How often the progress callback hears about the run."""
 
     def __post_init__(self) -> None:
-        _int_in("concurrency", self.concurrency, 1, 4096)
+        check_int("concurrency", self.concurrency, 1, 4096)
         for name in ("max_inflight_bytes", "claim_bytes"):
             value = getattr(self, name)
             if isinstance(value, str):
                 object.__setattr__(self, name, parse_size(value))
-            _int_in(name, getattr(self, name), 64 * 1024, 1 << 50)
+            check_int(name, getattr(self, name), 64 * 1024, 1 << 50)
         if not isinstance(self.status_interval_s, int | float) or self.status_interval_s <= 0:
             raise ConfigError(
                 f"status_interval_s must be a positive number, got {self.status_interval_s!r}"

@@ -10,6 +10,7 @@ from collections import defaultdict
 import numpy as np
 
 from fastdata.cache import LmdbTier
+from fastdata.cache.lmdb_budget import fit_budget, record_costs, room_bytes
 from fastdata.config import FastdataConfig
 from fastdata.errors import CacheError, ConfigError
 from fastdata.index import SampleIndex
@@ -17,14 +18,7 @@ from fastdata.store import Store
 from fastdata.warm._claims import ClaimFile
 from fastdata.warm._fetch import Failure
 from fastdata.warm._run import FetchLoop, WarmStop, present_mask
-from fastdata.warm._select import (
-    access_order,
-    claim_units,
-    fit_budget,
-    record_costs,
-    room_bytes,
-    source_bytes,
-)
+from fastdata.warm._select import access_order, claim_units, source_bytes
 from fastdata.warm._space import check_disk_room, disk_room
 from fastdata.warm._types import (
     DatasetSpec,

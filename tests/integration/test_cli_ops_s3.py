@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 
 from fastdata.store import Store
+from fastdata.testing.cli import run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -36,17 +36,8 @@ def dataset(s3_bucket: Any) -> str:
 
 
 def cli(s3_bucket: Any, cache_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **s3_bucket.env, "FASTDATA_CACHE_DIR": str(cache_dir)}
-    done = subprocess.run(
-        [sys.executable, "-m", "fastdata", *args],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=REPO,
-        env=env,
-    )
-    assert "Traceback" not in done.stderr, done.stderr
-    return done
+    env = {**s3_bucket.env, "FASTDATA_CACHE_DIR": str(cache_dir)}
+    return run_cli(args, env=env, cwd=REPO, timeout_s=240)
 
 
 def test_stats_and_doctor_report_a_warmed_s3_dataset(

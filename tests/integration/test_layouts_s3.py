@@ -20,10 +20,15 @@ from fastdata.errors import ConfigError, CorruptRecordError, ObjectChangedError
 from fastdata.index import DatasetChangedWarning, open_index
 from fastdata.layouts import RawRecord, ShardBuilder
 from fastdata.store import ByteRange, ObjectInfo, Store
+from fastdata.testing import data
 
 pytestmark = pytest.mark.integration
 
 BIG = 65 * 1024 * 1024  # a sample larger than 64 MiB
+
+
+def tar_bytes(members: list[tuple[str, bytes]]) -> bytes:
+    return data.tar_bytes(members, tarfile.PAX_FORMAT)
 
 
 class CountingStore(Store):
@@ -41,16 +46,6 @@ class CountingStore(Store):
     def get_many(self, requests: Sequence[ByteRange]) -> list[Any]:
         self.requests.extend(requests)
         return super().get_many(requests)
-
-
-def tar_bytes(members: list[tuple[str, bytes]]) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tf:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    return out.getvalue()
 
 
 def parquet_bytes(table: pa.Table, row_group_size: int) -> bytes:

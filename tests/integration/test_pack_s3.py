@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -16,18 +15,13 @@ from fastdata.index import open_index
 from fastdata.layouts import RawRecord
 from fastdata.pack import MANIFEST, pack
 from fastdata.store import Store
+from fastdata.testing import data
 
 pytestmark = pytest.mark.integration
 
 
 def tar_bytes(members: list[tuple[str, bytes]]) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tf:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    return out.getvalue()
+    return data.tar_bytes(members, tarfile.PAX_FORMAT)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import re
 import threading
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -29,7 +29,8 @@ from fastdata.config import StoreConfig
 from fastdata.errors import CorruptRecordError, StoreError
 from fastdata.store import ByteRange, Store
 from fastdata.testing.faultproxy import Fault, FaultProxy
-from fastdata.testing.seaweedfs import ACCESS_KEY, SECRET_KEY, SeaweedServer, free_port
+from fastdata.testing.s3 import S3Target
+from fastdata.testing.seaweedfs import SeaweedServer, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -39,38 +40,18 @@ FAST = dict(backoff_base_s=0.01, backoff_max_s=0.1, connect_timeout_s=2.0, reque
 
 
 @dataclass(frozen=True)
-class Root:
-    endpoint_url: str
-    bucket: str
-    prefix: str
-
-    @property
-    def url(self) -> str:
-        return f"s3://{self.bucket}/{self.prefix}"
+class Root(S3Target):
+    """A fresh folder on the server; its options may point at the fault proxy instead."""
 
     def options(self, endpoint_url: str | None = None) -> dict[str, Any]:
-        return {
-            "key": ACCESS_KEY,
-            "secret": SECRET_KEY,
-            "client_kwargs": {
-                "endpoint_url": endpoint_url or self.endpoint_url,
-                "region_name": "us-east-1",
-            },
-        }
+        return replace(self, endpoint_url=endpoint_url or self.endpoint_url).storage_options
 
     def path(self, key: str) -> str:
         """The URL path the proxy sees for ``key``."""
         return f"/{self.bucket}/{self.prefix}/{key}"
 
     def boto3(self) -> Any:
-        boto3 = pytest.importorskip("boto3")
-        return boto3.client(
-            "s3",
-            endpoint_url=self.endpoint_url,
-            aws_access_key_id=ACCESS_KEY,
-            aws_secret_access_key=SECRET_KEY,
-            region_name="us-east-1",
-        )
+        return self.boto3_client()
 
 
 @pytest.fixture(scope="module")
@@ -234,6 +215,27 @@ def test_refused_connections_are_ridden_out_until_the_server_listens(
         assert store.stats().retries >= 1
     finally:
         timer.join(timeout=10)
+        late.stop()
+        store.close()
+
+
+@pytest.mark.slow
+def test_a_15_s_outage_is_ridden_out_by_the_default_policy(
+    root: Root, objects: dict[str, bytes]
+) -> None:
+    """Issue 11, item 6: the default budget (60 s), not the attempt count, decides."""
+    port = free_port()
+    late = FaultProxy(root.endpoint_url, port=port)
+    store = Store(root.url, storage_options=root.options(f"http://127.0.0.1:{port}"))
+    assert store.config == StoreConfig()
+    timer = threading.Timer(15.0, late.start)
+    timer.start()
+    try:
+        (out,) = store.get_many([ByteRange("md5/03.bin")])
+        assert bytes(memoryview(out)) == objects["md5/03.bin"]
+        assert store.stats().retries >= 1
+    finally:
+        timer.join(timeout=30)
         late.stop()
         store.close()
 

@@ -10,48 +10,20 @@ from __future__ import annotations
 
 import os
 import uuid
-from dataclasses import dataclass
-from typing import Any
 
 import pytest
 
 from fastdata.config import StoreConfig
 from fastdata.store import Store
-from fastdata.testing.seaweedfs import ACCESS_KEY, SECRET_KEY, SeaweedServer
+from fastdata.testing.s3 import S3Target
+from fastdata.testing.seaweedfs import SeaweedServer
 from tests.contracts.store_contract import MakeStore, StoreContract, StoreFaultContract
 
 pytestmark = pytest.mark.integration
 
 
-@dataclass(frozen=True)
-class SeaweedRoot:
-    """A fresh folder in the module's bucket, with what clients need to reach it."""
-
-    endpoint_url: str
-    bucket: str
-    prefix: str
-
-    @property
-    def url(self) -> str:
-        return f"s3://{self.bucket}/{self.prefix}"
-
-    @property
-    def storage_options(self) -> dict[str, Any]:
-        return {
-            "key": ACCESS_KEY,
-            "secret": SECRET_KEY,
-            "client_kwargs": {"endpoint_url": self.endpoint_url, "region_name": "us-east-1"},
-        }
-
-    def boto3_client(self) -> Any:
-        boto3 = pytest.importorskip("boto3")
-        return boto3.client(
-            "s3",
-            endpoint_url=self.endpoint_url,
-            aws_access_key_id=ACCESS_KEY,
-            aws_secret_access_key=SECRET_KEY,
-            region_name="us-east-1",
-        )
+SeaweedRoot = S3Target
+"""A fresh folder in the module's bucket, with what clients need to reach it."""
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from fastdata.cache import LmdbTier
 from fastdata.config import CacheConfig
 from fastdata.index import SampleIndex, open_index
 from fastdata.store import Store
+from fastdata.testing.cli import json_output, run_cli
 from fastdata.testing.faultproxy import Fault, FaultProxy
 from fastdata.testing.seaweedfs import ACCESS_KEY, SECRET_KEY
 
@@ -92,16 +93,10 @@ def warm_argv(url: str, endpoint: str, cache_dir: Path, *extra: str) -> list[str
 def run_warm(
     url: str, endpoint: str, cache_dir: Path, *extra: str, env: dict[str, str] | None = None
 ) -> tuple[int, dict[str, Any], str]:
-    done = subprocess.run(
-        warm_argv(url, endpoint, cache_dir, *extra),
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=REPO,
-        env={**os.environ, **(env or {})},
-    )
-    assert "Traceback" not in done.stderr, done.stderr
-    return done.returncode, json.loads(done.stdout), done.stderr
+    argv = warm_argv(url, endpoint, cache_dir, *extra)
+    assert argv[:3] == [sys.executable, "-m", "fastdata"]
+    done = run_cli(argv[3:], env=env, cwd=REPO, timeout_s=240)
+    return done.returncode, json_output(done), done.stderr
 
 
 def cache_config(cache_dir: Path) -> CacheConfig:
@@ -129,11 +124,13 @@ def gets(proxy: FaultProxy, bucket: str, paths: Any) -> dict[str, int]:
     return {p: proxy.requests(path=f"/{bucket}/ds/{p}", method="GET") for p in paths}
 
 
-def open_ds(s3_bucket: Any, cache_dir: Path) -> SampleIndex:
+def open_ds(s3_bucket: Any, cache_dir: Path, proxy: FaultProxy) -> SampleIndex:
+    """The dataset as the warms see it: through the proxy, whose endpoint is part of the
+    store identity and so of every cache key (NOTE[cache-keys])."""
     return open_index(
         f"{s3_bucket.url}/ds",
         layout="files",
-        storage_options=s3_bucket.storage_options,
+        storage_options=options_via(proxy.endpoint_url),
         cache_dir=cache_dir,
     )
 
@@ -170,7 +167,7 @@ def test_kill_9_mid_warm_then_rerun_fetches_only_what_is_missing(
             first.wait(timeout=30)
     proxy.clear()
 
-    index = open_ds(s3_bucket, cache_dir)
+    index = open_ds(s3_bucket, cache_dir, proxy)
     before = cached_paths(index, cache_dir, source)
     assert OBJECTS // 8 <= len(before) < OBJECTS
     counts_before = gets(proxy, s3_bucket.bucket, source)
@@ -195,7 +192,7 @@ def test_two_concurrent_warms_fetch_each_object_once(
 ) -> None:
     cache_dir = tmp_path / "cache"
     url = f"{s3_bucket.url}/ds"
-    open_ds(s3_bucket, cache_dir)  # both runs then start from the saved index
+    open_ds(s3_bucket, cache_dir, proxy)  # both runs then start from the saved index
     proxy.add(Fault.delay(0.02), times=None, method="GET")
     argv = warm_argv(
         url, proxy.endpoint_url, cache_dir, "--concurrency", "4", "--claim-bytes", "256KiB"
@@ -215,7 +212,7 @@ def test_two_concurrent_warms_fetch_each_object_once(
     per_object = gets(proxy, s3_bucket.bucket, source)
     assert sum(per_object.values()) == OBJECTS
     assert set(per_object.values()) == {1}
-    index = open_ds(s3_bucket, cache_dir)
+    index = open_ds(s3_bucket, cache_dir, proxy)
     assert cached_paths(index, cache_dir, source) == set(source)
 
 
@@ -223,8 +220,9 @@ def test_warm_through_503_slowdown_completes_and_reports_throttling(
     s3_bucket: Any, source: dict[str, bytes], proxy: FaultProxy, tmp_path: Path
 ) -> None:
     cache_dir = tmp_path / "cache"
-    open_ds(s3_bucket, cache_dir)
-    proxy.add(Fault.slow_down(retry_after_s=0.05), times=24, method="GET")
+    open_ds(s3_bucket, cache_dir, proxy)
+    # Object reads only: the open's listing (validate, the default) is not what is tested.
+    proxy.add(Fault.slow_down(retry_after_s=0.05), times=24, method="GET", path=r"/ds/.+\.bin$")
     code, summary, stderr = run_warm(
         f"{s3_bucket.url}/ds", proxy.endpoint_url, cache_dir, "--concurrency", "8"
     )
@@ -235,19 +233,23 @@ def test_warm_through_503_slowdown_completes_and_reports_throttling(
     assert summary["concurrency_decreases"] >= 1
     assert summary["concurrency_min"] < 8
     assert "the store throttled: concurrency went from 8 down to" in stderr
-    assert cached_paths(open_ds(s3_bucket, cache_dir), cache_dir, source) == set(source)
+    assert cached_paths(open_ds(s3_bucket, cache_dir, proxy), cache_dir, source) == set(source)
 
 
 def test_partial_failure_names_the_missing_and_the_denied_object(
     s3_bucket: Any, source: dict[str, bytes], proxy: FaultProxy, tmp_path: Path
 ) -> None:
     cache_dir = tmp_path / "cache"
-    index = open_ds(s3_bucket, cache_dir)
+    index = open_ds(s3_bucket, cache_dir, proxy)
     deleted, denied = "1/0050.bin", "3/0123.bin"
     with Store(f"{s3_bucket.url}/ds", storage_options=s3_bucket.storage_options) as store:
         store.delete_many([deleted])
     proxy.add(Fault.access_denied(), times=None, method="GET", path=f"/ds/{denied}$")
-    code, summary, stderr = run_warm(f"{s3_bucket.url}/ds", proxy.endpoint_url, cache_dir)
+    # The index predates the deletion: warm trusts it (a validating open would see the
+    # object gone and not select it).
+    code, summary, stderr = run_warm(
+        f"{s3_bucket.url}/ds", proxy.endpoint_url, cache_dir, "--consistency", "immutable"
+    )
     assert code == 1
     failed = {f["path"]: f["kind"] for f in summary["failed_objects"]}
     assert failed == {deleted: "missing", denied: "denied"}
@@ -270,14 +272,13 @@ def test_plan_aware_warm_of_two_nodes_is_what_their_loaders_read(
         code, summary, _ = run_warm(url, proxy.endpoint_url, cache_dir, *plan_args, env=env)
         assert code == 0
         assert summary["selection"] == "plan"
-        index = open_ds(s3_bucket, cache_dir)
+        index = open_ds(s3_bucket, cache_dir, proxy)
         warmed = cached_paths(index, cache_dir, source)
         assert len(warmed) == summary["samples"] == summary["fetched"] < OBJECTS
         covered |= warmed
 
         # The node's DataLoaders read exactly the warmed samples, and all from the cache.
         read: set[str] = set()
-        gets_before = proxy.requests(method="GET")
         dataset = fastdata.Dataset(
             url,
             layout="files",
@@ -285,6 +286,7 @@ def test_plan_aware_warm_of_two_nodes_is_what_their_loaders_read(
             seed=3,
             storage_options=options_via(proxy.endpoint_url),
         )
+        gets_before = proxy.requests(method="GET")  # after the open's listing
         with dataset:
             for rank in (2 * node, 2 * node + 1):
                 loader = fastdata.DataLoader(dataset, batch_size=6, world_size=4, rank=rank)
@@ -316,7 +318,7 @@ def test_a_signal_mid_warm_commits_what_was_fetched_and_the_rerun_fetches_none_o
 ) -> None:
     cache_dir = tmp_path / "cache"
     url = f"{s3_bucket.url}/ds"
-    open_ds(s3_bucket, cache_dir)
+    open_ds(s3_bucket, cache_dir, proxy)
     proxy.add(Fault.delay(0.08), times=None, method="GET")
     first = subprocess.Popen(
         warm_argv(
@@ -353,7 +355,7 @@ def test_a_signal_mid_warm_commits_what_was_fetched_and_the_rerun_fetches_none_o
     assert not stopped["complete"]
     proxy.clear()
 
-    index = open_ds(s3_bucket, cache_dir)
+    index = open_ds(s3_bucket, cache_dir, proxy)
     before = cached_paths(index, cache_dir, source)
     fetched_before = {p for p, n in gets(proxy, s3_bucket.bucket, source).items() if n}
     assert fetched_before == before  # everything fetched was committed
@@ -411,7 +413,7 @@ def test_two_concurrent_warms_under_503s_and_resets_fetch_each_object_about_once
     dataset_bytes = sum(len(b) for b in source.values())
     assert sent <= 1.2 * dataset_bytes, (sent / dataset_bytes, twice)
     assert len(twice) <= OBJECTS // 20, twice
-    index = open_ds(s3_bucket, cache_dir)
+    index = open_ds(s3_bucket, cache_dir, proxy)
     assert cached_paths(index, cache_dir, source) == set(source)
 
 
@@ -422,7 +424,7 @@ def test_objects_that_fail_cost_the_other_objects_of_their_task_no_second_fetch(
     # store's retries used to throw the others' bytes away and read them all again.
     cache_dir = tmp_path / "cache"
     url = f"{s3_bucket.url}/ds"
-    open_ds(s3_bucket, cache_dir)
+    open_ds(s3_bucket, cache_dir, proxy)
     names = sorted(source)
     denied = set(names[1::4])  # one in every task of 4 objects
     for path in denied:

@@ -1,4 +1,4 @@
-"""A full disk degrades, never kills (NOTE[lmdb-write-off] in ``lmdb_tier.py``).
+"""A full disk degrades, never kills (NOTE[lmdb-write-off] in ``_lmdb_core.py``).
 
 ENOSPC, EDQUOT or EIO anywhere in the write path turns the LMDB tier read-only for the
 rest of the process with one warning; every sample still comes back byte-identical,
@@ -19,7 +19,7 @@ from typing import Any
 import lmdb
 import pytest
 
-from fastdata.cache import CacheItem, LmdbTier, ReadThroughCache, _env, make_key
+from fastdata.cache import CacheItem, LmdbTier, ReadThroughCache, _lmdb_env, make_key
 from fastdata.config import CacheConfig
 from tests.contracts.tier_contract import (
     DATASET,
@@ -200,7 +200,7 @@ def _lmdb_error(code: int) -> lmdb.Error:
     return exc
 
 
-def _do(site: str, tier: LmdbTier, handle: _env.EnvHandle) -> None:
+def _do(site: str, tier: LmdbTier, handle: _lmdb_env.EnvHandle) -> None:
     key = make_key(DATASET, 1)
     if site == "put":
         assert tier.put_many([item(i) for i in range(5, 10)]) == 0
@@ -302,7 +302,7 @@ def test_no_room_for_the_lock_file_opens_the_warm_cache_read_only(
     def no_room(path: Path) -> Any:
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(_env, "flocked", no_room)
+    monkeypatch.setattr(_lmdb_env, "flocked", no_room)
     tier = LmdbTier(config)
     with caplog.at_level(logging.WARNING), ReadThroughCache([tier], source, config=config) as cache:
         assert cold_epoch(cache, source) == 40

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fastdata import record
-from fastdata.cache import LmdbTier, _env
+from fastdata.cache import LmdbTier, _lmdb_env
 from fastdata.cache._readahead import Readahead
 from fastdata.config import CacheConfig
 from tests.contracts.tier_contract import item, read_all
@@ -53,7 +53,7 @@ def data_fds(root: Path) -> int:
     return count
 
 
-def active_readers(handle: _env.EnvHandle) -> int:
+def active_readers(handle: _lmdb_env.EnvHandle) -> int:
     """Reader slots of the environment that hold a transaction now (txnid not ``-``)."""
     rows = handle.env.readers().splitlines()[1:]
     return sum(row.split()[-1] != "-" for row in rows)
@@ -172,7 +172,7 @@ def test_closed_lmdb_tier_never_reopens_its_environment(
         tier.hint(KEYS)
     assert caplog.records == []  # no "already open", no degradation, nothing reopened
     assert tier._handle is None
-    assert root not in _env._HANDLES
+    assert root not in _lmdb_env._HANDLES
     assert data_fds(root) == 0
     stats = tier.stats()
     assert (stats.state, stats.fall_throughs, stats.rejections) == ("closed", 12, 1)
@@ -206,12 +206,12 @@ def test_closed_readahead_starts_no_threads(root: Path) -> None:
 def test_environment_released_with_a_lease_open_closes_with_that_lease(
     root: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(_env, "_RESIZE_WAIT_S", 0.2)
+    monkeypatch.setattr(_lmdb_env, "_RESIZE_WAIT_S", 0.2)
     tier = LmdbTier(config_in(root))
     lease = tier.get_many(KEYS, FINGERPRINTS)
     handle = tier._get_handle()
     assert handle is not None
-    with caplog.at_level(logging.WARNING, logger="fastdata.cache._env"):
+    with caplog.at_level(logging.WARNING, logger="fastdata.cache._lmdb_env"):
         tier.close()
     assert "closed when the last one closes" in caplog.text
     assert not handle.closed
@@ -220,13 +220,13 @@ def test_environment_released_with_a_lease_open_closes_with_that_lease(
     lease.close()
     assert handle.closed
     assert data_fds(root) == 0  # the environment and the tier's own descriptor
-    assert root not in _env._CLOSING
+    assert root not in _lmdb_env._CLOSING
 
 
 def test_a_pending_close_is_taken_back_by_the_next_tier_on_the_directory(
     root: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(_env, "_RESIZE_WAIT_S", 0.2)
+    monkeypatch.setattr(_lmdb_env, "_RESIZE_WAIT_S", 0.2)
     first = LmdbTier(config_in(root))
     lease = first.get_many(KEYS, FINGERPRINTS)
     handle = first._get_handle()

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastdata.cache import LmdbTier, RamTier, ReadThroughCache, _env, make_key
+from fastdata.cache import LmdbTier, RamTier, ReadThroughCache, _lmdb_env, make_key
 from fastdata.cache._readahead import Readahead, is_resident, value_spans
 from fastdata.config import CacheConfig
 from fastdata.errors import CacheError
@@ -271,7 +271,7 @@ def test_a_map_that_cannot_grow_rejects_warns_once_and_keeps_reading(
 ) -> None:
     # The map starts at 64 MiB; the budget is far above it, but every resize fails (as
     # when another process holds the environment open for longer than the wait).
-    monkeypatch.setattr(_env.EnvHandle, "_resize", lambda self, new_size, *, wait: False)
+    monkeypatch.setattr(_lmdb_env.EnvHandle, "_resize", lambda self, new_size, *, wait: False)
     with (
         caplog.at_level(logging.WARNING),
         LmdbTier(config_in(tmp_path / "cache", max_bytes=1024**3)) as t,
@@ -647,7 +647,7 @@ def _address(view: memoryview) -> int:
 
 def test_env_module_refuses_nothing_it_can_heal(tmp_path: Path) -> None:
     # A missing cache directory is created; quarantine of nothing is a no-op.
-    assert _env.quarantine(tmp_path, reason="test") is None
+    assert _lmdb_env.quarantine(tmp_path, reason="test") is None
 
 
 def test_hint_returns_at_once_and_advises_in_the_background(

@@ -79,3 +79,18 @@ def test_an_unusable_cache_reports_zero_saved_counts(tmp_path: Path) -> None:
         counts = tier.node_counters()
     assert counts["misses"] == 3
     assert counts["hits"] == 0
+
+
+def test_node_counters_keep_the_order_of_the_saved_record() -> None:
+    # The node-wide record packs these in this order (NOTE[lmdb-node-counters]): they come
+    # from the TierStats fields now, and a reordering would misread every saved cache.
+    assert NODE_COUNTERS == (
+        "hits",
+        "misses",
+        "stale",
+        "corruptions",
+        "rejections",
+        "evictions",
+        "bytes_read",
+        "bytes_written",
+    )

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fastdata.cache import LmdbTier, ReadThroughCache, _env
+from fastdata.cache import LmdbTier, ReadThroughCache, _lmdb_file
 from fastdata.config import CacheConfig
 from tests.contracts.tier_contract import FakeSource
 
@@ -79,7 +79,7 @@ def run_reader(root: Path, timeout: float = 120) -> subprocess.CompletedProcess[
 def required_bytes(data: Path) -> tuple[int, int]:
     """(bytes the newest meta page claims, page size), read with the validator."""
     with open(data, "rb") as f:
-        found = _env.read_meta(f.fileno())
+        found = _lmdb_file.read_meta(f.fileno())
     assert found is not None
     return (found.last_pg + 1) * found.psize, found.psize
 
@@ -135,7 +135,7 @@ def test_meta_page_with_a_bad_page_size_is_quarantined(tmp_path: Path) -> None:
     warm(root)
     data = root / "lmdb" / "data.mdb"
     with open(data, "r+b") as f:
-        f.seek(_env.META_PSIZE_OFFSET)
+        f.seek(_lmdb_file.META_PSIZE_OFFSET)
         f.write((3000).to_bytes(4, sys.byteorder))
     done = run_reader(root)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -180,7 +180,7 @@ print(json.dumps({{"bad": bad, "hits": hits, "warnings": warnings}}), flush=True
 
 
 def test_file_truncated_while_another_process_has_it_mapped(tmp_path: Path) -> None:
-    """NOTE[lmdb-shrink] in ``_env.py``: the tier checks the data file's length before
+    """NOTE[lmdb-shrink] in ``_lmdb_env.py``: the tier checks the data file's length before
     every call, so a file cut while a process has it mapped is caught by that process
     at its next call. A cut that races a read inside one call cannot be caught by any
     check, so the cuts here land between calls (the reader waits for the parent)."""

@@ -75,7 +75,7 @@ def data(tmp_path: Path) -> Path:
         ),
         (
             ["doctor", "{data}", "--layout", "files", "--cache-dir", "{data}/0.bin/c"],
-            "cannot save the index",
+            "doctor measures the disk of the cache in it",
         ),
     ],
 )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from fastdata.cli import cli
 from fastdata.config import CacheConfig, FastdataConfig
 from fastdata.index import open_index
 from fastdata.ops import DoctorConfig, cache_stats, clear_cache, doctor
+from fastdata.testing.cli import invoke
 from fastdata.warm import DatasetSpec, NodePlan, warm
 
 
@@ -29,10 +29,6 @@ def make_dataset(root: Path, count: int, size: int = 3000) -> Path:
 def config(tmp_path: Path) -> FastdataConfig:
     cache = CacheConfig(dir=str(tmp_path / "cache"), max_bytes=64 * 1024**2, min_free_bytes=0)
     return FastdataConfig(cache=cache)
-
-
-def invoke(args: list[str]) -> Any:
-    return CliRunner().invoke(cli, args, catch_exceptions=False)
 
 
 def test_stats_of_a_missing_cache_creates_nothing(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from fastdata.cli import cli
 from fastdata.config import CacheConfig, FastdataConfig
 from fastdata.errors import ConfigError
 from fastdata.ops import cache_stats, clear_cache
+from fastdata.testing.cli import invoke as cli_invoke
 from fastdata.warm import DatasetSpec, warm
 
 LONG_NAME = (
@@ -38,7 +39,7 @@ def make_dataset(root: Path, count: int) -> Path:
 
 
 def invoke(args: list[str], width: int = 80) -> Any:
-    return CliRunner().invoke(cli, args, env={"COLUMNS": str(width)}, catch_exceptions=False)
+    return cli_invoke(args, width=width)
 
 
 def shortest_unique_prefix(ids: list[str], target: str) -> str:

@@ -10,14 +10,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from fastdata import record
 from fastdata.cache import LmdbTier
-from fastdata.cli import cli
 from fastdata.config import CacheConfig, FastdataConfig
 from fastdata.errors import CacheError, ConfigError
 from fastdata.index import open_index
+from fastdata.testing.cli import invoke
 from fastdata.warm import DatasetSpec, NodePlan, WarmConfig, WarmStatus, warm
 
 SAMPLES = 120
@@ -207,7 +206,7 @@ def test_bad_arguments_raise_config_errors(dataset: Path, config: FastdataConfig
 
 
 def run(args: list[str], env: dict[str, str] | None = None) -> Any:
-    return CliRunner().invoke(cli, args, env=env, catch_exceptions=False)
+    return invoke(args, env=env)
 
 
 def test_cli_prints_a_json_summary_and_plain_progress_lines(dataset: Path, tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ from fastdata.config import (
     FastdataConfig,
     PrefetchConfig,
     StoreConfig,
+    check_int,
     default_cache_dir,
     format_size,
     parse_size,
@@ -106,3 +108,32 @@ def test_configs_are_frozen() -> None:
 def test_default_cache_dir_prefers_env_then_xdg(tmp_path: Path) -> None:
     assert default_cache_dir({"FASTDATA_CACHE_DIR": str(tmp_path)}) == tmp_path
     assert default_cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "fastdata"
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "wanted"),
+    [
+        (0, None, "must be a non-negative int"),
+        (1, None, "must be a positive int"),
+        (4096, None, "must be an int of at least 4096"),
+        (1, 256, r"must be an int in 1\.\.256"),
+    ],
+)
+def test_check_int_refuses_bools_floats_and_out_of_range_and_says_what_it_wanted(
+    low: int, high: int | None, wanted: str
+) -> None:
+    assert check_int("n", low, low, high) == low
+    for bad in (True, False, 1.0, "3", None, low - 1):
+        with pytest.raises(ConfigError, match=f"n {wanted}, got {re.escape(repr(bad))}"):
+            check_int("n", bad, low, high)
+
+
+def test_check_int_takes_numpy_integers_only_when_asked() -> None:
+    np = pytest.importorskip("numpy")
+    with pytest.raises(ConfigError):
+        check_int("n", np.int64(3), 0)
+    value = check_int("n", np.int64(3), 0, integral=True)
+    assert value == 3
+    assert type(value) is int
+    with pytest.raises(ConfigError):
+        check_int("n", np.bool_(True), 0, integral=True)

@@ -29,6 +29,7 @@ from fastdata.index import (
 )
 from fastdata.layouts import RawRecord, ShardBuilder
 from fastdata.store import ByteRange, ObjectInfo, Store
+from fastdata.testing.data import tar_bytes
 
 
 class CountingStore(Store):
@@ -48,16 +49,6 @@ class CountingStore(Store):
         self.get_calls += 1
         self.requests.extend(requests)
         return super().get_many(requests)
-
-
-def tar_bytes(members: list[tuple[str, bytes]]) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tf:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    return out.getvalue()
 
 
 @pytest.fixture

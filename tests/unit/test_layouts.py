@@ -27,16 +27,7 @@ from fastdata.layouts import (
 from fastdata.layouts.packed import HEADER_BYTES, TRAILER_BYTES, scan_shards
 from fastdata.layouts.tar import split_member_name
 from fastdata.store import ObjectInfo, Store
-
-
-def tar_bytes(members: list[tuple[str, bytes]], fmt: int = tarfile.GNU_FORMAT) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=fmt) as tf:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    return out.getvalue()
+from fastdata.testing.data import tar_bytes
 
 
 def objects(*paths: str) -> list[ObjectInfo]:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +20,7 @@ from fastdata.index import open_index
 from fastdata.layouts import RawRecord
 from fastdata.pack import MANIFEST, pack, parse_compress, plan_shards
 from fastdata.store import Store
-
-
-def tar_bytes(members: list[tuple[str, bytes]]) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tf:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    return out.getvalue()
+from fastdata.testing.data import tar_bytes
 
 
 def same(a: Any, b: Any) -> bool:

@@ -19,6 +19,7 @@ import torch
 
 import fastdata
 from fastdata import ConfigError
+from fastdata.index import DatasetChangedWarning
 
 
 def _flat(root: Path, sizes: list[int], dtype: str = "uint16") -> np.ndarray:
@@ -201,3 +202,174 @@ def test_bad_arguments_are_refused(tmp_path: Path) -> None:
     ):
         with pytest.raises(ConfigError):
             fastdata.TokenDataset(tmp_path / "c", cache_dir=tmp_path / "cache", **kwargs)
+
+
+# -- chunks (NOTE[token-chunks]) -----------------------------------------------------
+
+
+def _check(batches: list[dict[str, Any]], corpus: np.ndarray, ds: Any) -> list[int]:
+    b = ds.blocks
+    ids = []
+    for batch in batches:
+        for block, i in zip(batch["tokens"], batch["__id__"].tolist(), strict=True):
+            want = corpus[i * b.block_size : i * b.block_size + b.length]
+            want = np.concatenate([want, np.full(b.length - len(want), b.pad_id)])
+            assert block.tolist() == want.tolist(), f"block {i}"
+            ids.append(i)
+    return ids
+
+
+@pytest.mark.parametrize(("targets", "tail"), [(False, "drop"), (True, "drop"), (False, "pad")])
+def test_chunks_serve_identical_blocks_across_chunk_and_object_boundaries(
+    tmp_path: Path, targets: bool, tail: str
+) -> None:
+    # 16-token blocks, 3 blocks (96 bytes) per chunk, files that end inside blocks and
+    # inside chunks: blocks and chunks both cross object boundaries.
+    corpus = _flat(tmp_path / "c", [101, 7, 250, 33, 400])
+    kwargs: dict[str, Any] = {"block_size": 16, "targets": targets, "tail": tail, "pad_id": 9}
+    cache = tmp_path / "cache"
+    ds = fastdata.TokenDataset(tmp_path / "c", chunk_bytes=100, cache_dir=cache, **kwargs)
+    assert ds.blocks.chunk_blocks == 3
+    with ds:
+        loader = fastdata.DataLoader(ds, batch_size=5)
+        cold = list(loader)
+        stats = loader.stats().cache
+        assert stats["source_samples"] == ds.blocks.num_chunks  # type: ignore[index]
+        warm = list(loader)  # the arena / RAM tier
+        assert loader.stats().cache["source_samples"] == ds.blocks.num_chunks  # type: ignore[index]
+    for batches in (cold, warm):
+        assert sorted(_check(batches, corpus, ds)) == list(range(len(ds)))
+    # Another dataset object (a new process's view): chunks come from LMDB.
+    again = fastdata.TokenDataset(
+        tmp_path / "c", chunk_bytes=100, cache_dir=cache, ram_bytes=0, **kwargs
+    )
+    with again:
+        loader = fastdata.DataLoader(again, batch_size=5)
+        lmdb = list(loader)
+        assert loader.stats().cache["source_samples"] == 0  # type: ignore[index]
+    assert sorted(_check(lmdb, corpus, again)) == list(range(len(again)))
+
+
+def test_every_shuffle_mode_gives_each_block_once(tmp_path: Path) -> None:
+    corpus = _flat(tmp_path / "c", [3000, 1000])
+    for shuffle in (True, "shard_window", "global", False):
+        ds = fastdata.TokenDataset(
+            tmp_path / "c", block_size=10, chunk_bytes=200, window_chunks=2,
+            shuffle=shuffle, cache_dir=tmp_path / f"cache-{shuffle}",
+        )  # fmt: skip
+        assert ds.blocks.num_chunks > ds.window_chunks * 2 + 2 + 4  # more than the arena
+        with ds:
+            batches = list(fastdata.DataLoader(ds, batch_size=7))
+            reader = ds.runtime().chunks
+            ids = _check(batches, corpus, ds)
+            assert sorted(ids) == list(range(400)), shuffle
+            if shuffle == "global":
+                assert reader.loose_reads > 0  # blocks served from records, not kept
+            else:
+                assert reader.chunk_reads == ds.blocks.num_chunks  # each chunk read once
+        if shuffle is False:
+            assert ids == list(range(400))
+
+
+def test_the_chunk_walk_keeps_batches_within_a_window_of_chunks(tmp_path: Path) -> None:
+    _flat(tmp_path / "c", [64_000])
+    ds = fastdata.TokenDataset(
+        tmp_path / "c", block_size=16, chunk_bytes=320, window_chunks=4,
+        cache_dir=tmp_path / "cache",
+    )  # fmt: skip
+    with ds:
+        order = ds.order(0, ds.plan_config_for(batch_size=16))
+        ids = order.ids()
+    chunks = ids // ds.blocks.chunk_blocks  # 10 blocks per chunk, 400 chunks
+    assert sorted(ids.tolist()) == list(range(len(ds)))
+    window = ds.plan_config.window_samples
+    assert window == 40
+    per_batch = [len(set(chunks[i : i + 16].tolist())) for i in range(0, len(ids), 16)]
+    starts = range(0, len(ids), 16)
+    inside = [n for n, i in zip(per_batch, starts, strict=True) if i // 40 == (i + 15) // 40]
+    assert max(inside) <= 4 + 1  # a window of positions spans at most one chunk more
+    assert max(per_batch) <= 2 * (4 + 1)  # a batch across two windows
+    assert np.mean(per_batch) > 3  # and mixes the chunks of its window
+    assert abs(np.corrcoef(np.arange(len(ids)), ids)[0, 1]) < 0.2  # chunks shuffled
+
+
+def test_a_gather_with_more_chunks_than_slots_serves_the_rest_from_records(
+    tmp_path: Path,
+) -> None:
+    from fastdata.tokens import ChunkReader
+
+    corpus = _flat(tmp_path / "c", [2000])
+    ds = fastdata.TokenDataset(
+        tmp_path / "c", block_size=10, chunk_bytes=100, cache_dir=tmp_path / "cache"
+    )
+    with ds:
+        reader = ChunkReader(ds.blocks, ds.runtime().cache, capacity=2, readahead=0)
+        ids = np.array([0, 55, 120, 7, 199, 56], dtype=np.int64)
+        chunk_of = ids // ds.blocks.chunk_blocks
+        out = np.zeros((len(ids), 10), dtype=np.int64)
+        for _ in range(2):
+            reader.gather(ids, chunk_of, out)
+            for row, i in zip(out, ids.tolist(), strict=True):
+                assert row.tolist() == corpus[i * 10 : i * 10 + 10].tolist()
+        assert reader.loose_reads > 0
+        assert sum(reader._pins) == 0  # every pin released
+        reader.close()
+
+
+def test_resume_mid_epoch_over_many_chunks_in_another_world_size(tmp_path: Path) -> None:
+    corpus = _flat(tmp_path / "c", [7_000, 5_123, 9_000])
+    cache = tmp_path / "cache"
+    kwargs: dict[str, Any] = {"block_size": 16, "chunk_bytes": 256, "window_chunks": 3}
+    seen: list[int] = []
+    states = []
+    for rank in range(2):
+        ds = fastdata.TokenDataset(tmp_path / "c", cache_dir=cache, **kwargs)
+        loader = fastdata.DataLoader(ds, batch_size=8, world_size=2, rank=rank, drop_last=True)
+        batches = []
+        for step, batch in enumerate(loader):
+            batches.append(batch)
+            if step == 30:
+                break
+        seen.extend(_check(batches, corpus, ds))
+        states.append(loader.state_dict())
+        ds.close()
+    rest_counts = []
+    for rank in range(3):
+        ds = fastdata.TokenDataset(tmp_path / "c", cache_dir=cache, **kwargs)
+        loader = fastdata.DataLoader(ds, batch_size=8, world_size=3, rank=rank, drop_last=True)
+        loader.load_state_dict(states[1])
+        batches = list(loader)
+        rest_counts.append(len(batches))
+        seen.extend(_check(batches, corpus, ds))
+        ds.close()
+    assert len(set(rest_counts)) == 1
+    assert len(seen) == len(set(seen))
+    assert len(ds) - len(seen) < 3 * 8  # only the drop_last tail, never a repeat
+    other = fastdata.TokenDataset(tmp_path / "c", cache_dir=cache, block_size=16)
+    loader = fastdata.DataLoader(other, batch_size=8, world_size=3, rank=0, drop_last=True)
+    with pytest.raises(ConfigError):  # another chunk size is another order
+        loader.load_state_dict(states[0])
+    other.close()
+
+
+def test_chunk_keys_follow_the_objects_they_cover(tmp_path: Path) -> None:
+    root = tmp_path / "c"
+    _flat(root, [1000, 1000])
+    kwargs: dict[str, Any] = {"block_size": 10, "chunk_bytes": 200, "cache_dir": tmp_path / "k"}
+    before = fastdata.TokenDataset(root, **kwargs).blocks
+    keys = before.chunk_keys(np.arange(before.num_chunks))
+    assert len(set(keys)) == len(keys)
+    assert all(k[:8] == before.dataset_id for k in keys)
+    (np.arange(1500) % 7).astype("uint16").tofile(root / "part-1.bin")  # rewrite the 2nd
+    with pytest.warns(DatasetChangedWarning):
+        after = fastdata.TokenDataset(root, **kwargs).blocks
+    new = after.chunk_keys(np.arange(after.num_chunks))
+    assert new[:10] == keys[:10]  # chunks of the first file only: same entries
+    assert not set(new[10:]) & set(keys[10:])  # every chunk of the rewritten file: new
+
+
+def test_bad_chunk_arguments_are_refused(tmp_path: Path) -> None:
+    _flat(tmp_path / "c", [100])
+    for kwargs in ({"chunk_bytes": 0}, {"chunk_bytes": "lots"}, {"window_chunks": 0}):
+        with pytest.raises(ConfigError):
+            fastdata.TokenDataset(tmp_path / "c", block_size=8, cache_dir=tmp_path / "x", **kwargs)

@@ -2,7 +2,15 @@
 
 This module is the only place that opens, resizes, quarantines or closes an LMDB
 environment. :class:`~fastdata.cache.lmdb_tier.LmdbTier` borrows a handle from the
-per-process registry (:func:`acquire`) and gives it back (:func:`release`).
+per-process registry (:func:`acquire`) and gives it back (:func:`release`). The data
+file's own check before it is mapped is ``_lmdb_file.py``'s (NOTE[lmdb-meta]).
+
+Why one module of this size: its one job is the lifetime of an environment in a
+process, and its rules hold only together. The gate (NOTE[lmdb-gate]) is what lets the
+fork hook (NOTE[lmdb-fork]) and the resize run without a transaction open, the registry's
+pending close (NOTE[lmdb-close]) is what a second open of the same files must find, and
+the open path (lock, read-only fallback, quarantine, NOTE[lmdb-crash],
+NOTE[lmdb-read-only]) hands out the handles all of them share.
 
 NOTE[lmdb-gate]: LMDB may change the map size only while this process has no
 transaction open (``mdb_env_set_mapsize``), and a forked child may close an inherited
@@ -44,24 +52,6 @@ failure is SIGBUS). Commits fsync the data pages but not the meta page
 uncommitted writes, and a system crash at most the last commit — a cache needs no more,
 and it writes 2.3x faster (688 vs 295 MB/s for 25 MB commits on this machine's disk).
 
-NOTE[lmdb-meta]: LMDB maps ``data.mdb``; a read of a page past the end of the file is
-SIGBUS, which kills the process (Python cannot catch it). LMDB 0.9 itself never compares
-the file's length with its meta pages. So before any process maps the file,
-:func:`check_data_file` reads both meta pages with ``pread`` (which fails, never
-signals) and checks them the way ``mdb_env_read_header`` does (``P_META`` page flag,
-magic ``0xBEEFC0DE``, data format version 1, a power-of-two page size), and then that
-the file holds every page the newer meta page (higher ``mm_txnid``) claims:
-``length >= (mm_last_pg + 1) * page size``. A file that fails is damaged (a copy cut
-short, a full disk, a truncation): it is quarantined like any unreadable environment
-and the cache starts empty. The layout (``mdb.c``, 64-bit; ``=`` byte order)::
-
-    page header  0  u64 mp_pgno | 8 u16 mp_pad | 10 u16 mp_flags (P_META = 0x08) | 12 u16 x2
-    MDB_meta    16  u32 mm_magic | 20 u32 mm_version | 24 ptr mm_address | 32 u64 mm_mapsize
-                40  MDB_db mm_dbs[2], 48 bytes each (mm_psize is mm_dbs[0].md_pad, u32 at 40)
-               136  u64 mm_last_pg | 144 u64 mm_txnid
-
-Meta page 0 is at offset 0 and meta page 1 at one page size.
-
 NOTE[lmdb-shrink]: a file can also shrink while it is mapped (another process or a
 person truncates it). Each :class:`EnvHandle` remembers the length it last checked
 (``checked_bytes``); the LMDB tier calls :meth:`EnvHandle.damage` at the start of every
@@ -83,8 +73,6 @@ import logging
 import os
 import shutil
 import stat
-import struct
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -93,6 +81,7 @@ from pathlib import Path
 
 import lmdb
 
+from fastdata.cache._lmdb_file import CHECKABLE, DamagedFile, check_data_file
 from fastdata.errors import CacheError
 
 __all__ = [
@@ -100,15 +89,11 @@ __all__ = [
     "EnvHandle",
     "EnvUnavailable",
     "Gate",
-    "DamagedFile",
-    "MetaPage",
     "acquire",
-    "check_data_file",
     "flocked",
     "prepare_root",
     "quarantine",
     "quarantine_handle",
-    "read_meta",
     "release",
     "turn_writes_off",
     "writes_off",
@@ -137,117 +122,6 @@ CORRUPT_ERRORS: tuple[type[BaseException], ...] = tuple(
     )
     if hasattr(lmdb, name)
 )
-
-
-#: NOTE[lmdb-meta]: the start of a meta page: page header and ``MDB_meta`` up to mm_txnid.
-_META = struct.Struct("=QHH4xIIQQI44x48xQQ")
-_P_META = 0x08
-_MDB_MAGIC = 0xBEEFC0DE
-_MDB_DATA_VERSION = 1
-#: File offset of meta page 0's page size (``mm_dbs[0].md_pad``), for tests that damage it.
-META_PSIZE_OFFSET = 40
-_MIN_PSIZE, _MAX_PSIZE = 512, 65536
-
-
-@dataclass(frozen=True, slots=True)
-class MetaPage:
-    """What the newer valid meta page of a data file says (NOTE[lmdb-meta])."""
-
-    psize: int
-    """Page size in bytes."""
-    last_pg: int
-    """Number of the last page in use (``mm_last_pg``)."""
-    txnid: int
-    """Id of the last committed transaction (``mm_txnid``)."""
-
-    @property
-    def required_bytes(self) -> int:
-        """The length the data file must have: every page up to ``last_pg``."""
-        return (self.last_pg + 1) * self.psize
-
-
-class DamagedFile(Exception):
-    """The data file fails its meta-page check and must not be mapped (NOTE[lmdb-meta])."""
-
-
-def read_meta(fd: int) -> MetaPage | None:
-    """Parse both meta pages of an LMDB 0.9 data file with ``pread`` (never the map).
-
-    Returns:
-        The newer meta page (higher txnid), or ``None`` for an empty file.
-
-    Raises:
-        DamagedFile: A meta page is short, has another magic, version, page flag or an
-            impossible page size.
-        OSError: The file cannot be read.
-    """
-    first = os.pread(fd, _META.size, 0)
-    if not first:
-        return None
-    metas: list[MetaPage] = []
-    offset = 0
-    for number in (0, 1):
-        raw = first if number == 0 else os.pread(fd, _META.size, offset)
-        if len(raw) < _META.size:
-            raise DamagedFile(f"meta page {number} is cut short at byte {offset + len(raw)}")
-        _pgno, _pad, flags, magic, version, _addr, _mapsize, psize, last_pg, txnid = _META.unpack(
-            raw
-        )
-        if not flags & _P_META or magic != _MDB_MAGIC:
-            raise DamagedFile(f"meta page {number} is not an LMDB meta page")
-        if version != _MDB_DATA_VERSION:
-            raise DamagedFile(f"meta page {number} has LMDB data version {version}, not 1")
-        if not _MIN_PSIZE <= psize <= _MAX_PSIZE or psize & (psize - 1):
-            raise DamagedFile(f"meta page {number} has an impossible page size {psize}")
-        metas.append(MetaPage(psize=psize, last_pg=last_pg, txnid=txnid))
-        offset = psize
-    return max(metas, key=lambda m: m.txnid)
-
-
-def check_data_file(fd: int) -> int:
-    """Check a data file against its meta pages before it is mapped (NOTE[lmdb-meta]).
-
-    The meta pages are read before the length, so a commit by another process meanwhile
-    (which writes its pages before its meta page) can never look like a short file. A
-    failed check is repeated once: a meta page read while another process rewrites it
-    may come back half old, half new.
-
-    Returns:
-        The file's length in bytes, now known to cover every page in use (0: empty).
-
-    Raises:
-        DamagedFile: The file fails the check twice.
-        OSError: The file cannot be read.
-    """
-    try:
-        return _checked_length(fd)
-    except DamagedFile:
-        time.sleep(0.001)
-        return _checked_length(fd)
-
-
-def _checked_length(fd: int) -> int:
-    meta = read_meta(fd)
-    size = os.fstat(fd).st_size
-    if meta is not None and size < meta.required_bytes:
-        raise DamagedFile(
-            f"data file is {size} bytes but its meta page claims pages up to "
-            f"{meta.last_pg} ({meta.required_bytes} bytes): it was cut short"
-        )
-    return size
-
-
-def _default_engine_checkable() -> bool:
-    """Whether new environments get the LMDB 0.9 format that :func:`read_meta` parses."""
-    try:
-        return int(lmdb.version()[0]) == 0 and sys.maxsize > 2**32
-    except (lmdb.Error, TypeError, ValueError):
-        return False
-
-
-#: NOTE[lmdb-meta]: the layout parsed is LMDB 0.9's on a 64-bit build; another engine
-#: (py-lmdb may default to LMDB 1.0 one day) writes files the check does not know.
-_CHECKABLE = _default_engine_checkable()
 
 
 class EnvUnavailable(Exception):
@@ -388,7 +262,7 @@ class EnvHandle:
             size = os.fstat(self.data_fd).st_size
             if size == self.checked_bytes:
                 return None
-            self.checked_bytes = check_data_file(self.data_fd) if _CHECKABLE else size
+            self.checked_bytes = check_data_file(self.data_fd) if CHECKABLE else size
         except (DamagedFile, OSError) as exc:
             self.damaged = str(exc) or type(exc).__name__
             return self.damaged
@@ -684,7 +558,7 @@ def _checked_size(data_path: Path) -> int:
         return 0
     try:
         st = os.fstat(fd)
-        if not _CHECKABLE or not stat.S_ISREG(st.st_mode):
+        if not CHECKABLE or not stat.S_ISREG(st.st_mode):
             return 0 if stat.S_ISDIR(st.st_mode) else st.st_size  # LMDB says EISDIR
         try:
             size = check_data_file(fd)

@@ -1,0 +1,1174 @@
+"""Side by side: fastdata beside the loaders users would pick instead, on the same samples.
+
+Run one benchmark at a time:
+
+    flock /tmp/fastdata-bench.lock python bench/peers_bench.py [--quick] [--json PATH]
+        [--samples N] [--sample-bytes B] [--workers 0,2] [--systems NAME,...]
+
+It starts its own SeaweedFS (``fastdata.testing.seaweedfs``), makes one set of samples
+(default 5,000 of 100 KiB +-20 %, random bytes, an int label in 0..9), writes them in each
+system's own format with that system's own writer, uploads every format to the server and
+reads each through its own loader (docs/benchmark.md, "Side by side with other loaders"):
+
+* ``fastdata files``: one object per sample, ``c<label>/<id>.bin`` (ImageFolder labels);
+* ``fastdata packed``: the same objects converted with ``fastdata.pack`` (64 MiB shards);
+* ``fastdata parquet`` and ``pyarrow``: Parquet written by pyarrow with HF-sized row
+  groups (1,000 rows), read by fastdata and by ``ParquetFile.iter_batches`` (no cache);
+* ``fastdata tar`` and ``webdataset``: tars written by ``webdataset.ShardWriter`` (64 MiB),
+  read by fastdata's tar layout and by ``webdataset.WebDataset`` with its shard cache;
+* ``litdata``: LitData ``optimize`` (64 MiB chunks), read by ``StreamingDataset`` +
+  ``StreamingDataLoader``;
+* ``mosaic``: Mosaic Streaming ``MDSWriter`` (64 MiB shards), read by ``StreamingDataset``
+  + ``StreamingDataLoader``.
+
+Every system runs in a process of its own (spawned; nothing of another system's client,
+threads or shared memory is in it): cold (an empty client cache) then warm (the cache the
+cold pass filled, read by a new dataset object), with 0 and then 2 workers where the
+system has workers; batch size 256, shuffle off. Every epoch is validated: sample count,
+total payload bytes and label sum must equal what was written; a failed validation is
+printed as ``FAILED`` in the table and on stderr. The limits are measured in the same run
+on the same server: raw obstore GETs of the 100 KiB objects (the best of concurrency 8, 32
+and 64), raw obstore 8 MiB ranged GETs of the packed shards at concurrency 8, and pyarrow's
+``iter_batches`` over the Parquet files. Reported per cell: MB/s delivered to the loop,
+time to first batch, open time, client and server CPU cores, and each MB/s as a ratio of
+the three limits. A peer that is not installed is skipped with a line saying so
+(``pip install 'fastdata[peers]'``). Exit status 1 when a fastdata epoch failed its
+validation or raised; a peer's failure is reported, not fatal. ``--quick`` runs 256
+samples of 20 KiB (CI smoke; the figures mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import importlib.metadata
+import importlib.util
+import io
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+import traceback
+import types
+from collections.abc import Callable, Coroutine, Iterable, Iterator
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fastdata.benchmark import process_cpu_s
+from fastdata.benchmark._measure import host_info, pid_cpu_s, run_pass
+from fastdata.store import Store
+from fastdata.testing.seaweedfs import ACCESS_KEY, SECRET_KEY, SeaweedServer
+
+BUCKET = "peers-bench"
+LABELS = 10
+MIB = 1024**2
+#: Largest object HF's ``push_to_hub`` writes (its ``max_shard_size``): Parquet files hold
+#: as many whole row groups as fit.
+HF_SHARD_BYTES = 500 * 10**6
+
+#: The issue's targets, each a ratio of two cells of one run (reported, not enforced).
+TARGETS = (
+    ("fastdata packed", "range_ceiling", 0.8),
+    ("fastdata packed", "pyarrow", 1.5),
+    ("fastdata parquet", "pyarrow", 1.2),
+    ("fastdata files", "get_ceiling", 0.9),
+)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What one run writes and how it reads it."""
+
+    samples: int
+    mean_bytes: int
+    spread: float
+    """Sample sizes are uniform in ``mean_bytes * (1 +- spread)``."""
+    batch_size: int
+    chunk_bytes: int
+    """LitData chunks, MDS shards, WebDataset tars and fastdata packed shards."""
+    row_group_rows: int
+    workers: tuple[int, ...]
+    get_concurrencies: tuple[int, ...]
+    range_bytes: int
+    range_concurrency: int
+    cell_timeout_s: float
+    """A cell (open + one epoch) still running after this is stopped and reported."""
+    w0_only: tuple[str, ...] = ()
+    """Systems read with 0 workers only (``--quick``: each fastdata worker start imports
+    torch afresh, seconds per epoch; one fastdata system with workers keeps the path
+    exercised)."""
+
+
+FULL = Sizes(
+    samples=5000,
+    mean_bytes=100 * 1024,
+    spread=0.2,
+    batch_size=256,
+    chunk_bytes=64 * MIB,
+    row_group_rows=1000,
+    workers=(0, 2),
+    get_concurrencies=(8, 32, 64),
+    range_bytes=8 * MIB,
+    range_concurrency=8,
+    cell_timeout_s=600,
+)
+QUICK = replace(
+    FULL,
+    samples=256,
+    mean_bytes=20 * 1024,
+    batch_size=64,
+    chunk_bytes=1 * MIB,
+    row_group_rows=64,
+    get_concurrencies=(8,),
+    range_bytes=1 * MIB,
+    cell_timeout_s=120,
+    w0_only=("fastdata packed", "fastdata parquet", "fastdata tar"),
+)
+
+
+@dataclass(frozen=True)
+class System:
+    """One loader beside fastdata."""
+
+    name: str
+    what: str
+    """Its format and loader, in words (the table's legend)."""
+    module: str | None
+    """The import that must succeed (``None``: always there)."""
+    dist: str
+    """Its pip distribution (for the version line)."""
+    states: tuple[str, ...] = ("cold", "warm")
+    workers: bool = True
+
+
+SYSTEMS = (
+    System(
+        "pyarrow",
+        "ParquetFile.iter_batches over the Parquet (no cache)",
+        None,
+        "pyarrow",
+        ("nocache",),
+        workers=False,
+    ),
+    System("fastdata files", "one object per sample, ImageFolder labels", None, "fastdata"),
+    System("fastdata packed", "64 MiB shards from fastdata.pack", None, "fastdata"),
+    System("fastdata parquet", "the same Parquet files as pyarrow", None, "fastdata"),
+    System("fastdata tar", "the same tars as WebDataset", None, "fastdata"),
+    System("litdata", "LitData optimize, 64 MiB chunks; StreamingDataLoader", "litdata", "litdata"),
+    System(
+        "mosaic",
+        "Mosaic MDSWriter, 64 MiB shards; StreamingDataLoader",
+        "streaming",
+        "mosaicml-streaming",
+    ),
+    System(
+        "webdataset",
+        "WebDataset over HTTP with its shard cache; WebLoader",
+        "webdataset",
+        "webdataset",
+    ),
+)
+BY_NAME = {s.name: s for s in SYSTEMS}
+
+#: Set by ``import_mosaic`` where ``streaming.vision`` cannot be imported; inherited by
+#: every process started afterwards, which imports this module first (spawn, forkserver).
+_NO_STREAMING_VISION = "PEERS_BENCH_NO_STREAMING_VISION"
+if os.environ.get(_NO_STREAMING_VISION) == "1":
+    sys.modules.setdefault("streaming.vision", types.ModuleType("streaming.vision"))
+
+
+# -- the samples ---------------------------------------------------------------------------
+
+
+@dataclass
+class Samples:
+    """The run's samples: sample ``i`` is ``payload[offsets[i]:offsets[i + 1]]``."""
+
+    payload: np.ndarray
+    offsets: np.ndarray
+    labels: np.ndarray
+
+    @classmethod
+    def make(cls, sizes: Sizes, seed: int = 0) -> Samples:
+        rng = np.random.default_rng(seed)
+        low = int(sizes.mean_bytes * (1 - sizes.spread))
+        high = int(sizes.mean_bytes * (1 + sizes.spread))
+        lengths = rng.integers(low, high + 1, sizes.samples)
+        offsets = np.zeros(sizes.samples + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        payload = np.frombuffer(rng.bytes(int(offsets[-1])), dtype=np.uint8)
+        labels = rng.integers(0, LABELS, sizes.samples).astype(np.int64)
+        return cls(payload, offsets, labels)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def data(self, i: int) -> memoryview:
+        return memoryview(self.payload[self.offsets[i] : self.offsets[i + 1]])
+
+    def expected(self) -> dict[str, int]:
+        """What every epoch must deliver."""
+        return {
+            "samples": len(self),
+            "bytes": int(self.offsets[-1]),
+            "label_sum": int(self.labels.sum()),
+        }
+
+
+class LitSample:
+    """LitData's ``optimize`` function: sample ``i`` as ``{"data": bytes, "label": int}``.
+
+    It maps the payload from a file, so it pickles small and works in any start method.
+    """
+
+    def __init__(self, payload_path: str, offsets: np.ndarray, labels: np.ndarray) -> None:
+        self.payload_path, self.offsets, self.labels = payload_path, offsets, labels
+        self._payload: np.ndarray | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_payload": None}
+
+    def __call__(self, i: int) -> dict[str, Any]:
+        if self._payload is None:
+            self._payload = np.memmap(self.payload_path, dtype=np.uint8, mode="r")
+        start, end = int(self.offsets[i]), int(self.offsets[i + 1])
+        return {"data": self._payload[start:end].tobytes(), "label": int(self.labels[i])}
+
+
+# -- writing every format ------------------------------------------------------------------
+
+
+def write_local_formats(
+    samples: Samples, sizes: Sizes, work: Path, available: set[str]
+) -> dict[str, Path]:
+    """Each format in a local folder, written with its own system's writer."""
+    out: dict[str, Path] = {}
+    # LitData first: its writer forks, and nothing here has started a thread yet.
+    if "litdata" in available:
+        out["litdata"] = _write_litdata(samples, sizes, work)
+    if "mosaic" in available:
+        out["mds"] = _write_mds(samples, sizes, work)
+    out["wds"] = _write_tars(samples, sizes, work, with_webdataset="webdataset" in available)
+    out["parquet"] = _write_parquet(samples, sizes, work)
+    return out
+
+
+def _write_litdata(samples: Samples, sizes: Sizes, work: Path) -> Path:
+    from litdata import optimize
+
+    payload_path = work / "payload.bin"
+    samples.payload.tofile(payload_path)
+    out = work / "litdata"
+    optimize(
+        fn=LitSample(str(payload_path), samples.offsets, samples.labels),
+        inputs=list(range(len(samples))),
+        output_dir=str(out),
+        chunk_bytes=sizes.chunk_bytes,
+        num_workers=1,
+        start_method="fork",
+        verbose=False,
+    )
+    payload_path.unlink()
+    return out
+
+
+def _write_mds(samples: Samples, sizes: Sizes, work: Path) -> Path:
+    streaming = import_mosaic()
+    out = work / "mds"
+    columns = {"data": "bytes", "label": "int"}
+    with streaming.MDSWriter(out=str(out), columns=columns, size_limit=sizes.chunk_bytes) as w:
+        for i in range(len(samples)):
+            w.write({"data": samples.data(i).tobytes(), "label": int(samples.labels[i])})
+    return out
+
+
+def _write_tars(samples: Samples, sizes: Sizes, work: Path, *, with_webdataset: bool) -> Path:
+    """WebDataset tars (``<key>.bin``, ``<key>.cls``), by ``ShardWriter`` when installed."""
+    out = work / "wds"
+    out.mkdir()
+    pattern = str(out / "shard-%06d.tar")
+    if with_webdataset:
+        import webdataset
+
+        with webdataset.ShardWriter(pattern, maxsize=sizes.chunk_bytes, verbose=0) as sink:
+            for i in range(len(samples)):
+                sink.write(
+                    {
+                        "__key__": f"{i:07d}",
+                        "bin": samples.data(i).tobytes(),
+                        "cls": int(samples.labels[i]),
+                    }
+                )
+        return out
+    # The same members with the standard library, so fastdata's tar layout still runs.
+    shard_of = (samples.offsets[1:] + 1024 * np.arange(1, len(samples) + 1)) // sizes.chunk_bytes
+    for shard in np.unique(shard_of).tolist():
+        with tarfile.open(pattern % shard, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for i in np.flatnonzero(shard_of == shard).tolist():
+                for name, value in (
+                    ("bin", samples.data(i).tobytes()),
+                    ("cls", b"%d" % samples.labels[i]),
+                ):
+                    info = tarfile.TarInfo(f"{i:07d}.{name}")
+                    info.size = len(value)
+                    tar.addfile(info, io.BytesIO(value))
+    return out
+
+
+def parquet_file_rows(sizes: Sizes) -> int:
+    """Rows per Parquet file: whole row groups, at most HF's shard size."""
+    groups = max(1, HF_SHARD_BYTES // (sizes.mean_bytes * sizes.row_group_rows))
+    return int(groups * sizes.row_group_rows)
+
+
+def _write_parquet(samples: Samples, sizes: Sizes, work: Path) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = work / "parquet"
+    out.mkdir()
+    per_file = parquet_file_rows(sizes) if sizes.samples >= 1000 else 2 * sizes.row_group_rows
+    for part, first in enumerate(range(0, len(samples), per_file)):
+        stop = min(first + per_file, len(samples))
+        data = pa.array([samples.data(i).tobytes() for i in range(first, stop)], pa.binary())
+        table = pa.table({"data": data, "label": pa.array(samples.labels[first:stop])})
+        pq.write_table(table, out / f"part-{part:05d}.parquet", row_group_size=sizes.row_group_rows)
+    return out
+
+
+def upload_dir(store: Store, local: Path) -> list[str]:
+    """Every file below ``local`` to the store's root, the same relative paths; their names."""
+    names = sorted(str(p.relative_to(local)) for p in local.rglob("*") if p.is_file())
+    batch: list[tuple[str, bytes]] = []
+    size = 0
+    for name in names:
+        data = (local / name).read_bytes()
+        batch.append((name, data))
+        size += len(data)
+        if size >= 64 * MIB:
+            store.put_many(batch)
+            batch, size = [], 0
+    if batch:
+        store.put_many(batch)
+    return names
+
+
+def upload_files(store: Store, samples: Samples) -> None:
+    """One object per sample, ``c<label>/<id>.bin``."""
+    batch: list[tuple[str, memoryview]] = []
+    size = 0
+    for i in range(len(samples)):
+        data = samples.data(i)
+        batch.append((f"c{samples.labels[i]}/{i:07d}.bin", data))
+        size += len(data)
+        if size >= 64 * MIB or i == len(samples) - 1:
+            store.put_many(batch)
+            batch, size = [], 0
+
+
+# -- CPU of a process tree -----------------------------------------------------------------
+
+
+def _proc_table() -> dict[int, tuple[int, float]]:
+    """``pid -> (parent pid, CPU seconds of it and of its reaped children)`` from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, tuple[int, float]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            text = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = text.rsplit(")", 1)[1].split()
+        # state ppid ... utime(14) stime(15) cutime(16) cstime(17), 1-based.
+        ticks = sum(int(f) for f in fields[11:15])
+        out[int(entry)] = (int(fields[1]), ticks / tick)
+    return out
+
+
+def tree_cpu_s(skip: int | None) -> float:
+    """CPU seconds of this process, its reaped children and every live descendant but
+    ``skip`` and its own (the embedded server).
+
+    ``process_cpu_s`` sees children only once this process reaps them; fastdata's
+    workers are children of a forkserver, which reaps them, so they are counted here
+    through the forkserver's reaped-children time, and live workers through their own.
+    """
+    own = process_cpu_s()
+    try:
+        table = _proc_table()
+    except OSError:
+        return own
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = own, list(children.get(os.getpid(), []))
+    while todo:
+        pid = todo.pop()
+        if pid == skip:
+            continue
+        total += table[pid][1]
+        todo.extend(children.get(pid, []))
+    return total
+
+
+# -- one cell: open, one epoch, validated --------------------------------------------------
+
+
+class Tally:
+    """The ``count`` of ``run_pass``: counts samples and also adds up bytes and labels."""
+
+    def __init__(self, measure: Callable[[Any], tuple[int, int, int]]) -> None:
+        self.measure = measure
+        self.samples = self.bytes = self.label_sum = 0
+
+    def __call__(self, batch: Any) -> int:
+        n, nbytes, label_sum = self.measure(batch)
+        self.samples += n
+        self.bytes += nbytes
+        self.label_sum += label_sum
+        return n
+
+
+def _nbytes(data: Any) -> int:
+    if hasattr(data, "offsets") and hasattr(data, "values"):  # fastdata.VarTensor
+        return int(data.offsets[-1]) * data.values.element_size()
+    if hasattr(data, "element_size"):  # a stacked tensor
+        return int(data.numel()) * int(data.element_size())
+    if isinstance(data, np.ndarray) and data.dtype != object:
+        return int(data.nbytes)
+    return sum(len(x) for x in data)
+
+
+def _label_sum(labels: Any) -> int:
+    if hasattr(labels, "sum") and not isinstance(labels, list | tuple):
+        return int(labels.sum())
+    return sum(int(x) for x in labels)
+
+
+def dict_measure(data_key: str, label_key: str) -> Callable[[Any], tuple[int, int, int]]:
+    def measure(batch: Any) -> tuple[int, int, int]:
+        labels = batch[label_key]
+        return len(labels), _nbytes(batch[data_key]), _label_sum(labels)
+
+    return measure
+
+
+def tuple_measure(batch: Any) -> tuple[int, int, int]:
+    data, labels = batch
+    return len(labels), _nbytes(data), _label_sum(labels)
+
+
+def arrow_measure(batch: Any) -> tuple[int, int, int]:
+    import pyarrow.compute as pc
+
+    data, labels = batch.column(0), batch.column(1)
+    return batch.num_rows, int(pc.sum(pc.binary_length(data)).as_py()), int(pc.sum(labels).as_py())
+
+
+@dataclass
+class Cell:
+    """One system, one state (cold, warm, nocache), one worker count: one epoch."""
+
+    system: str
+    state: str
+    workers: int
+    samples: int = 0
+    bytes: int = 0
+    label_sum: int = 0
+    seconds: float = 0.0
+    mb_per_s: float = 0.0
+    ttfb_s: float = 0.0
+    open_s: float = 0.0
+    client_cpu_s: float = 0.0
+    server_cpu_s: float | None = None
+    client_cores: float = 0.0
+    server_cores: float | None = None
+    problems: list[str] = field(default_factory=list)
+    """Why the epoch failed its validation (empty: it passed)."""
+    error: str | None = None
+    """The exception that stopped it, if one did."""
+    ratios: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.problems
+
+
+def run_cell(
+    plan: dict[str, Any],
+    system: str,
+    state: str,
+    workers: int,
+    opener: Callable[[], tuple[Iterable[Any], Callable[[], None], Callable[[Any], Any]]],
+) -> Cell:
+    """Open the system's loader, run one throughput pass, validate it."""
+    cell = Cell(system, state, workers)
+    server = plan["server_pid"]
+    close: Callable[[], None] = lambda: None  # noqa: E731
+    try:
+        started = time.perf_counter()
+        loader, close, measure = opener()
+        cell.open_s = time.perf_counter() - started
+        tally = Tally(measure)
+        cpu0, server0, wall0 = tree_cpu_s(server), pid_cpu_s(server), time.perf_counter()
+        result = run_pass(loader, count=tally)
+        wall = time.perf_counter() - wall0
+        cell.client_cpu_s = tree_cpu_s(server) - cpu0
+        server1 = pid_cpu_s(server)
+        cell.server_cpu_s = None if server0 is None or server1 is None else server1 - server0
+        cell.client_cores = cell.client_cpu_s / wall
+        cell.server_cores = None if cell.server_cpu_s is None else cell.server_cpu_s / wall
+        cell.samples, cell.bytes, cell.label_sum = tally.samples, tally.bytes, tally.label_sum
+        cell.seconds, cell.ttfb_s = result.seconds, result.ttfb_s
+        cell.mb_per_s = tally.bytes / result.seconds / 1e6 if result.seconds > 0 else 0.0
+        for key, want in plan["expected"].items():
+            got = getattr(cell, key)
+            if got != want:
+                cell.problems.append(f"{key} {got} != {want}")
+    except Exception as exc:
+        cell.error = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()
+    finally:
+        try:
+            close()
+        except Exception as exc:  # reported, and the cell counts as failed
+            cell.error = cell.error or f"closing: {type(exc).__name__}: {exc}"
+            traceback.print_exc()
+    return cell
+
+
+# -- each system's loader (run in the system's own process) --------------------------------
+
+
+Opener = Callable[[str, int, Path], tuple[Iterable[Any], Callable[[], None], Callable[[Any], Any]]]
+
+
+def fastdata_opener(plan: dict[str, Any], layout: str) -> Opener:
+    import fastdata
+
+    settings: dict[str, dict[str, Any]] = {
+        "files": {"layout_options": {"labels": True}},
+        "packed": {},
+        "parquet": {"fields": ("data", "label")},
+        "tar": {"fields": ("bin", "cls"), "layout_options": {"decode_cls": True}},
+    }
+    url = plan["urls"]["files" if layout == "files" else layout]
+    measure = dict_measure("bin", "cls") if layout == "tar" else dict_measure("data", "label")
+
+    def open_(state: str, workers: int, cache_dir: Path) -> Any:
+        dataset = fastdata.Dataset(
+            url,
+            layout=layout,
+            cache_dir=cache_dir,
+            shuffle=False,
+            storage_options=plan["storage_options"],
+            **settings[layout],
+        )
+        loader = fastdata.DataLoader(dataset, batch_size=plan["batch_size"], num_workers=workers)
+
+        def close() -> None:
+            loader.close()
+            dataset.close()
+
+        return loader, close, measure
+
+    return open_
+
+
+def pyarrow_opener(plan: dict[str, Any]) -> Opener:
+    import pyarrow.fs
+    import pyarrow.parquet as pq
+
+    def open_(state: str, workers: int, cache_dir: Path) -> Any:
+        endpoint = plan["endpoint_url"]
+        fs = pyarrow.fs.S3FileSystem(
+            access_key=ACCESS_KEY,
+            secret_key=SECRET_KEY,
+            endpoint_override=endpoint.removeprefix("http://"),
+            scheme="http",
+            region="us-east-1",
+        )
+
+        def batches() -> Iterator[Any]:
+            for name in plan["names"]["parquet"]:
+                with fs.open_input_file(f"{BUCKET}/parquet/{name}") as f:
+                    yield from pq.ParquetFile(f).iter_batches(
+                        batch_size=plan["batch_size"], columns=["data", "label"]
+                    )
+
+        return batches(), lambda: None, arrow_measure
+
+    return open_
+
+
+def litdata_opener(plan: dict[str, Any]) -> Opener:
+    import litdata
+    from litdata.streaming import downloader
+
+    if plan["endpoint_url"].startswith("http://"):
+        # LitData reads chunks with obstore and gives it client options of its own, which
+        # leave out allow_http: against a plain-http endpoint every chunk GET fails
+        # ("BadScheme"). Real S3 is https and needs none of this.
+        downloader._OBSTORE_CLIENT_OPTIONS = {  # type: ignore[attr-defined]
+            **downloader._OBSTORE_CLIENT_OPTIONS,  # type: ignore[attr-defined]
+            "allow_http": "true",
+        }
+        print("  litdata: allow_http added to its obstore client options (http endpoint)")
+
+    options = {
+        "endpoint_url": plan["endpoint_url"],
+        "aws_access_key_id": ACCESS_KEY,
+        "aws_secret_access_key": SECRET_KEY,
+        "region_name": "us-east-1",
+    }
+
+    def open_(state: str, workers: int, cache_dir: Path) -> Any:
+        dataset = litdata.StreamingDataset(
+            plan["urls"]["litdata"],
+            cache_dir=str(cache_dir),
+            shuffle=False,
+            storage_options=options,
+        )
+        loader = litdata.StreamingDataLoader(
+            dataset, batch_size=plan["batch_size"], num_workers=workers
+        )
+        return loader, lambda: None, dict_measure("data", "label")
+
+    return open_
+
+
+def import_mosaic() -> Any:
+    """``import streaming``; where its torchvision cannot load (a CUDA torchvision beside a
+    CPU torch), without ``streaming.vision``, which only its image datasets need."""
+    try:
+        import streaming
+    except Exception as exc:
+        if "torchvision" not in "".join(traceback.format_exception(exc)):
+            raise
+        for name in [n for n in sys.modules if n.split(".")[0] in ("streaming", "torchvision")]:
+            del sys.modules[name]
+        sys.modules["streaming.vision"] = types.ModuleType("streaming.vision")
+        os.environ[_NO_STREAMING_VISION] = "1"
+        import streaming
+
+        print(f"  mosaic: torchvision does not load here ({exc}); streaming.vision left out")
+    return streaming
+
+
+def mosaic_opener(plan: dict[str, Any]) -> Opener:
+    streaming = import_mosaic()
+    from streaming.base.util import clean_stale_shared_memory
+
+    def open_(state: str, workers: int, cache_dir: Path) -> Any:
+        dataset = streaming.StreamingDataset(
+            remote=plan["urls"]["mds"],
+            local=str(cache_dir),
+            shuffle=False,
+            batch_size=plan["batch_size"],
+        )
+        holder = [dataset]
+        loader = streaming.StreamingDataLoader(
+            dataset, batch_size=plan["batch_size"], num_workers=workers
+        )
+
+        def close() -> None:
+            holder.clear()  # Mosaic keeps a local folder registered while its dataset lives
+            gc.collect()
+            clean_stale_shared_memory()
+
+        return loader, close, dict_measure("data", "label")
+
+    return open_
+
+
+def webdataset_opener(plan: dict[str, Any]) -> Opener:
+    import webdataset
+
+    urls = [f"{plan['endpoint_url']}/{BUCKET}/wds/{name}" for name in plan["names"]["wds"]]
+
+    def open_(state: str, workers: int, cache_dir: Path) -> Any:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        dataset = (
+            webdataset.WebDataset(urls, shardshuffle=False, cache_dir=str(cache_dir))
+            .decode()
+            .to_tuple("bin", "cls")
+            .batched(plan["batch_size"], partial=True)
+        )
+        loader = webdataset.WebLoader(dataset, batch_size=None, num_workers=workers)
+        return loader, lambda: None, tuple_measure
+
+    return open_
+
+
+def opener_for(plan: dict[str, Any], system: str) -> Opener:
+    if system.startswith("fastdata "):
+        return fastdata_opener(plan, system.split()[1])
+    return {
+        "pyarrow": pyarrow_opener,
+        "litdata": litdata_opener,
+        "mosaic": mosaic_opener,
+        "webdataset": webdataset_opener,
+    }[system](plan)
+
+
+def worker_counts(plan: dict[str, Any], system: str) -> list[int]:
+    """The worker counts ``system`` is read with in this run."""
+    if not BY_NAME[system].workers or system in plan["w0_only"]:
+        return [0]
+    return list(plan["workers"])
+
+
+def system_cells(plan: dict[str, Any], system: str) -> Iterator[Cell]:
+    """Every cell of ``system``, in order: cold then warm, for each worker count."""
+    spec = BY_NAME[system]
+    open_ = opener_for(plan, system)
+    for workers in worker_counts(plan, system):
+        cache_dir = Path(plan["work"]) / f"cache-{system.replace(' ', '-')}-w{workers}"
+        for state in spec.states:
+            if state != "warm":
+                shutil.rmtree(cache_dir, ignore_errors=True)
+            yield run_cell(
+                plan,
+                system,
+                state,
+                workers,
+                lambda s=state, w=workers, d=cache_dir: open_(s, w, d),
+            )
+        shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+def system_child(plan: dict[str, Any], system: str, conn: Any) -> None:
+    """Run every cell of ``system`` in this (spawned) process; send each as it ends."""
+    # A spawned process defaults to spawning its own children; give the loaders the start
+    # method a training script of the parent's would have (fork on Linux before 3.14).
+    multiprocessing.set_start_method(plan["start_method"], force=True)
+    try:
+        for cell in system_cells(plan, system):
+            conn.send(asdict(cell))
+    except BaseException as exc:
+        traceback.print_exc()
+        conn.send({"fatal": f"{type(exc).__name__}: {exc}"})
+    finally:
+        conn.send(None)
+        conn.close()
+
+
+def run_system(plan: dict[str, Any], system: str, timeout_s: float) -> list[Cell]:
+    """``system``'s cells from a process of its own; a cell past ``timeout_s`` stops it.
+
+    pyarrow, which starts no thread or process of a loader's, runs in this process (it
+    reads like the limits, and a spawned process costs seconds of imports).
+    """
+    spec = BY_NAME[system]
+    if system == "pyarrow":
+        return list(system_cells(plan, system))
+    expected = [(state, w) for w in worker_counts(plan, system) for state in spec.states]
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=system_child, args=(plan, system, child), name=system)
+    process.start()
+    child.close()
+    cells: list[Cell] = []
+    failure: str | None = None
+    try:
+        while True:
+            if not parent.poll(timeout_s):
+                failure = f"no result within {timeout_s:.0f} s: stopped"
+                break
+            try:
+                message = parent.recv()
+            except EOFError:
+                failure = f"its process died (exit status {process.exitcode})"
+                break
+            if message is None:
+                break
+            if "fatal" in message:
+                failure = message["fatal"]
+                continue
+            cells.append(Cell(**message))
+    finally:
+        if process.is_alive() and failure is not None:
+            process.terminate()  # by its handle: the process this function started
+        process.join(30)
+        if process.is_alive():
+            process.kill()
+            process.join(10)
+        parent.close()
+    for state, workers in expected[len(cells) :]:
+        cells.append(Cell(system, state, workers, error=failure or "not run"))
+    return cells
+
+
+# -- the limits (this process) -------------------------------------------------------------
+
+
+def raw_store(endpoint: str) -> Any:
+    from obstore.store import S3Store
+
+    return S3Store(
+        BUCKET,
+        endpoint=endpoint,
+        access_key_id=ACCESS_KEY,
+        secret_access_key=SECRET_KEY,
+        region="us-east-1",
+        client_options={"allow_http": True},
+    )
+
+
+async def _gather(n: int, items: list[Any], fn: Callable[[Any], Coroutine[Any, Any, Any]]) -> int:
+    """``fn(item)`` for every item, ``n`` in flight; the bytes they returned."""
+    it = iter(items)
+    got = 0
+
+    async def worker() -> None:
+        nonlocal got
+        for item in it:
+            n = len(memoryview(await fn(item)))  # awaited first: `got +=` must not span it
+            got += n
+
+    await asyncio.gather(*(worker() for _ in range(min(n, len(items)))))
+    return got
+
+
+def _timed_limit(
+    name: str,
+    run: Callable[[], int],
+    expect_bytes: int,
+    server_pid: int | None,
+    concurrency: int,
+) -> dict[str, Any]:
+    cpu0, server0, started = (
+        tree_cpu_s(server_pid),
+        pid_cpu_s(server_pid or -1),
+        time.perf_counter(),
+    )
+    got = run()
+    seconds = time.perf_counter() - started
+    cpu, server1 = tree_cpu_s(server_pid) - cpu0, pid_cpu_s(server_pid or -1)
+    if got != expect_bytes:
+        raise RuntimeError(f"{name} read {got} bytes, expected {expect_bytes}")
+    server = None if server0 is None or server1 is None else (server1 - server0) / seconds
+    return {
+        "name": name,
+        "concurrency": concurrency,
+        "mb_per_s": got / seconds / 1e6,
+        "seconds": seconds,
+        "client_cores": cpu / seconds,
+        "server_cores": server,
+    }
+
+
+def measure_limits(plan: dict[str, Any], sizes: Sizes, samples: Samples) -> dict[str, Any]:
+    """The 100 KiB GET ceiling (best concurrency) and the 8 MiB range ceiling (c=8)."""
+    import obstore
+
+    store = raw_store(plan["endpoint_url"])
+    server = plan["server_pid"]
+    keys = [f"files/c{samples.labels[i]}/{i:07d}.bin" for i in range(len(samples))]
+    total = int(samples.offsets[-1])
+
+    async def get(key: str) -> Any:
+        return await (await obstore.get_async(store, key)).bytes_async()
+
+    gets = []
+    for c in sizes.get_concurrencies:
+        asyncio.run(_gather(c, keys[:c], get))  # connections, before the clock
+        gets.append(
+            _timed_limit("get", lambda c=c: asyncio.run(_gather(c, keys, get)), total, server, c)
+        )
+    shards = plan["packed_shards"]
+    spans = [
+        (f"packed/{path}", start, min(start + sizes.range_bytes, size))
+        for path, size in shards
+        for start in range(0, size, sizes.range_bytes)
+    ]
+
+    async def get_range(span: tuple[str, int, int]) -> Any:
+        return await obstore.get_range_async(store, span[0], start=span[1], end=span[2])
+
+    c = sizes.range_concurrency
+    asyncio.run(_gather(c, spans[:c], get_range))
+    ranges = _timed_limit(
+        "range",
+        lambda: asyncio.run(_gather(c, spans, get_range)),
+        sum(size for _, size in shards),
+        server,
+        c,
+    )
+    best = max(gets, key=lambda r: r["mb_per_s"])
+    return {"get_sweep": gets, "get_ceiling": best, "range_ceiling": ranges}
+
+
+# -- the run -------------------------------------------------------------------------------
+
+
+def available_systems(wanted: list[str]) -> tuple[list[str], list[str]]:
+    """``(systems to run, lines saying which are skipped and why)``."""
+    run, skipped = [], []
+    for name in wanted:
+        spec = BY_NAME[name]
+        if spec.module is not None and importlib.util.find_spec(spec.module) is None:
+            skipped.append(
+                f"skipped {name}: {spec.dist} is not installed (pip install 'fastdata[peers]')"
+            )
+            continue
+        run.append(name)
+    return run, skipped
+
+
+def versions(systems: list[str]) -> dict[str, str]:
+    out = {}
+    for dist in ["fastdata", "torch", "numpy", "pyarrow", "obstore"] + [
+        BY_NAME[s].dist for s in systems
+    ]:
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = "?"
+    return out
+
+
+def add_ratios(cells: list[Cell], limits: dict[str, Any]) -> None:
+    pyarrow = next(
+        (c.mb_per_s for c in cells if c.system == "pyarrow" and c.ok and c.mb_per_s), None
+    )
+    if pyarrow is not None:
+        limits["pyarrow"] = pyarrow
+    for cell in cells:
+        if not cell.mb_per_s:
+            continue
+        cell.ratios = {"range_ceiling": cell.mb_per_s / limits["range_ceiling"]["mb_per_s"]}
+        cell.ratios["get_ceiling"] = cell.mb_per_s / limits["get_ceiling"]["mb_per_s"]
+        if pyarrow:
+            cell.ratios["pyarrow"] = cell.mb_per_s / pyarrow
+
+
+def check_targets(cells: list[Cell]) -> list[dict[str, Any]]:
+    """The issue's targets on the cold cells with 0 workers (its conditions)."""
+    out = []
+    for system, limit, bound in TARGETS:
+        cell = next(
+            (c for c in cells if c.system == system and c.state == "cold" and c.workers == 0),
+            None,
+        )
+        value = None if cell is None or not cell.ok else cell.ratios.get(limit)
+        out.append(
+            {
+                "target": f"{system} cold / {limit} >= {bound}",
+                "value": value,
+                "met": value is not None and value >= bound,
+            }
+        )
+    return out
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_report(result: dict[str, Any]) -> None:
+    limits = result["limits"]
+    sizes = result["sizes"]
+    print()
+    print(
+        f"{sizes['samples']} samples of {sizes['mean_bytes'] / 1024:.0f} KiB "
+        f"+-{sizes['spread']:.0%} ({result['expected']['bytes'] / 1e6:.1f} MB), "
+        f"batch {sizes['batch_size']}, shuffle off, embedded SeaweedFS on 127.0.0.1"
+    )
+    host = result["host"]
+    print(
+        f"{result['date']}, {host['cpu']}, {host['cores']} cores, {host['memory_gib']} GiB, "
+        f"load {host['load_avg_1m']:.2f} -> {host['load_avg_1m_end']:.2f}"
+    )
+    print("versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()))
+    for line in result["skipped"]:
+        print(line)
+    print()
+    print("limits (same run, same server):")
+    for row in limits["get_sweep"]:
+        print(
+            f"  obstore GET of each {sizes['mean_bytes'] // 1024} KiB object, "
+            f"c={row['concurrency']:<3} {row['mb_per_s']:8.1f} MB/s  "
+            f"cores {row['client_cores']:.2f} / "
+            f"{_fmt(row['server_cores'], '.2f')}"
+        )
+    r = limits["range_ceiling"]
+    print(
+        f"  obstore {sizes['range_bytes'] // MIB} MiB ranges of the packed shards, "
+        f"c={r['concurrency']:<3} {r['mb_per_s']:8.1f} MB/s  cores {r['client_cores']:.2f} / "
+        f"{_fmt(r['server_cores'], '.2f')}"
+    )
+    print(f"  pyarrow iter_batches: {_fmt(limits.get('pyarrow'), '.1f')} MB/s (row below)")
+    print()
+    header = (
+        f"{'system':18} {'state':7} {'w':>1} {'MB/s':>8} {'1st batch':>9} {'open':>6} "
+        f"{'cores cl/srv':>12} {'x range':>7} {'x GET':>6} {'x pyarr':>7}  check"
+    )
+    print(header)
+    print("-" * len(header))
+    for cell in result["cells"]:
+        ratios = cell["ratios"]
+        check = "ok"
+        if cell["error"]:
+            check = f"FAILED: {cell['error']}"
+        elif cell["problems"]:
+            check = "FAILED VALIDATION: " + "; ".join(cell["problems"])
+        cores = f"{cell['client_cores']:.2f} / {_fmt(cell['server_cores'], '.2f')}"
+        print(
+            f"{cell['system']:18} {cell['state']:7} {cell['workers']:>1} "
+            f"{cell['mb_per_s']:8.1f} {cell['ttfb_s']:8.2f}s {cell['open_s']:5.2f}s "
+            f"{cores:>12} {_fmt(ratios.get('range_ceiling'), '7.2f')} "
+            f"{_fmt(ratios.get('get_ceiling'), '6.2f')} {_fmt(ratios.get('pyarrow'), '7.2f')}  "
+            f"{check}"
+        )
+    print()
+    for name in result["systems"]:
+        print(f"  {name:18} {BY_NAME[name].what}")
+    print()
+    for t in result["targets"]:
+        verdict = "not measured" if t["value"] is None else "met" if t["met"] else "MISSED"
+        print(f"  target {t['target']}: {_fmt(t['value'], '.2f')} ({verdict})")
+    print(f"total {result['total_s']:.1f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (CI smoke)")
+    parser.add_argument("--json", type=Path, help="write the results as JSON here")
+    parser.add_argument("--samples", type=int, help="samples written (default 5000)")
+    parser.add_argument("--sample-bytes", type=int, help="mean sample size (default 100 KiB)")
+    parser.add_argument("--workers", help="worker counts, comma-separated (default 0,2)")
+    parser.add_argument(
+        "--systems", help=f"systems to run, comma-separated (default all: {', '.join(BY_NAME)})"
+    )
+    args = parser.parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    if args.samples is not None:
+        if args.samples < 1:
+            parser.error("--samples must be at least 1")
+        sizes = replace(sizes, samples=args.samples)
+    if args.sample_bytes is not None:
+        if args.sample_bytes < 16:
+            parser.error("--sample-bytes must be at least 16")
+        sizes = replace(sizes, mean_bytes=args.sample_bytes)
+    if args.workers is not None:
+        try:
+            workers = tuple(int(w) for w in args.workers.split(","))
+        except ValueError:
+            parser.error(f"--workers takes comma-separated ints, got {args.workers!r}")
+        if any(w < 0 for w in workers):
+            parser.error("--workers must be >= 0")
+        sizes = replace(sizes, workers=workers)
+    wanted = list(BY_NAME)
+    if args.systems is not None:
+        wanted = [s.strip() for s in args.systems.split(",") if s.strip()]
+        unknown = [s for s in wanted if s not in BY_NAME]
+        if unknown:
+            parser.error(f"unknown systems {unknown}; choose from {list(BY_NAME)}")
+        if "pyarrow" not in wanted:
+            wanted.insert(0, "pyarrow")  # a limit every ratio needs
+    os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # no request to PyPI
+    systems, skipped = available_systems(wanted)
+    for line in skipped:
+        print(line)
+    started = time.perf_counter()
+
+    def say(line: str) -> None:
+        print(f"[{time.perf_counter() - started:6.1f} s] {line}", flush=True)
+
+    host = host_info()
+    samples = Samples.make(sizes)
+    work = Path(tempfile.mkdtemp(prefix="peers-bench-"))
+    say("starting the embedded SeaweedFS")
+    server = SeaweedServer().start()
+    try:
+        server.create_bucket(BUCKET)
+        # Mosaic and LitData reach the server through boto3's standard variables.
+        os.environ.update(server.env)
+        os.environ["S3_ENDPOINT_URL"] = server.endpoint_url
+        say(f"writing {len(samples)} samples in every format")
+        local = write_local_formats(samples, sizes, work, set(systems))
+        options = dict(server.storage_options)
+        root = f"s3://{BUCKET}"
+        say("uploading every format, packing the objects with fastdata.pack")
+        names: dict[str, list[str]] = {}
+        for fmt, folder in local.items():
+            with Store(f"{root}/{fmt}", storage_options=options) as store:
+                names[fmt] = upload_dir(store, folder)
+            shutil.rmtree(folder)
+        with Store(f"{root}/files", storage_options=options) as store:
+            upload_files(store, samples)
+        import fastdata.pack
+
+        fastdata.pack.pack(
+            f"{root}/files",
+            f"{root}/packed",
+            layout="files",
+            labels=True,
+            shard_bytes=sizes.chunk_bytes,
+            storage_options=options,
+            cache_dir=str(work / "pack-index"),
+        )
+        with Store(f"{root}/packed", storage_options=options) as store:
+            shards = [(i.path, i.size) for i in store.list() if i.path.endswith(".fdpack")]
+        plan: dict[str, Any] = {
+            "endpoint_url": server.endpoint_url,
+            "storage_options": options,
+            "server_pid": server.process.pid if server.process else None,
+            "batch_size": sizes.batch_size,
+            "workers": list(sizes.workers),
+            "w0_only": list(sizes.w0_only),
+            "expected": samples.expected(),
+            "work": str(work),
+            "urls": {k: f"{root}/{k}" for k in ("files", "packed", "parquet", "litdata", "mds")}
+            | {"tar": f"{root}/wds"},
+            "names": names,
+            "packed_shards": shards,
+            "start_method": multiprocessing.get_start_method(),
+        }
+        say("limits: obstore GET and range ceilings")
+        limits = measure_limits(plan, sizes, samples)
+        cells: list[Cell] = []
+        for system in systems:
+            say(system)
+            cells += run_system(plan, system, sizes.cell_timeout_s)
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    add_ratios(cells, limits)
+    host["load_avg_1m_end"] = host_info()["load_avg_1m"]
+    result = {
+        "date": time.strftime("%Y-%m-%d %H:%M", time.localtime()),
+        "host": host,
+        "versions": versions(systems),
+        "sizes": asdict(sizes),
+        "expected": samples.expected(),
+        "systems": systems,
+        "skipped": skipped,
+        "limits": limits,
+        "cells": [asdict(c) for c in cells],
+        "targets": check_targets(cells),
+        "total_s": time.perf_counter() - started,
+    }
+    print_report(result)
+    failed = [c for c in cells if not c.ok]
+    for cell in failed:
+        why = cell.error or "; ".join(cell.problems)
+        print(f"!!! {cell.system} {cell.state} w{cell.workers} FAILED: {why}", file=sys.stderr)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 1 if any(c.system.startswith("fastdata") for c in failed) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,547 @@
+"""The store contract: what every backend on every server must do.
+
+``StoreContract`` is a pytest test class, subclassed once per implementation (fastdata's
+own: file://, memory://, moto and SeaweedFS with each backend; a third party's: its
+server or fsspec protocol). A subclass provides ``make_store``: a factory that opens a
+``Store`` on an empty, writable root with an optional ``StoreConfig``. Needs pytest (a
+test dependency, not one of fastdata's); for pytest's assertion messages, call
+``pytest.register_assert_rewrite("fastdata.testing.store_contract")`` in your
+``conftest.py`` before importing it.
+
+``StoreFaultContract`` runs the retry and error contract through the fault-injecting proxy
+(``fastdata.testing.faultproxy``); a subclass provides ``upstream`` (an ``S3Target`` on a
+real server) and ``backend``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import random
+import re
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from fastdata.config import StoreConfig
+from fastdata.errors import (
+    AccessDeniedError,
+    ConfigError,
+    ObjectChangedError,
+    ObjectNotFoundError,
+    StoreError,
+)
+from fastdata.store import ByteRange, Store
+from fastdata.testing.faultproxy import Fault, FaultProxy
+
+MakeStore = Callable[..., Store]
+
+#: Paths chosen to catch ordering, nesting, prefix and encoding mistakes.
+CONTENT: dict[str, bytes] = {
+    "a/1.bin": b"one" * 100,
+    "a/2.bin": b"two" * 7,
+    "a/b/3.bin": bytes(range(256)) * 4,
+    "ab/4.bin": b"four",
+    "empty.bin": b"",
+    "z.txt": b"last",
+    "ünï/ĉødé.bin": b"non-ascii key",
+    "B-upper.bin": b"uppercase sorts before lowercase",
+}
+
+
+class StoreContract:
+    """Behaviour every ``Store`` must have, whatever the backend and the server."""
+
+    @pytest.fixture
+    def make_store(self) -> MakeStore:
+        raise NotImplementedError("subclasses provide make_store")
+
+    @pytest.fixture
+    def store(self, make_store: MakeStore) -> Iterator[Store]:
+        store = make_store()
+        yield store
+        store.close()
+
+    @pytest.fixture
+    def filled(self, store: Store) -> dict[str, bytes]:
+        store.put_many(list(CONTENT.items()))
+        return CONTENT
+
+    # -- list and info ---------------------------------------------------------------------
+
+    def test_list_returns_every_object_with_size_and_etag(
+        self, store: Store, filled: dict[str, bytes]
+    ) -> None:
+        listed = store.list()
+        assert {i.path: i.size for i in listed} == {p: len(d) for p, d in filled.items()}
+        assert all(i.etag and not i.etag.startswith('"') for i in listed)
+
+    def test_list_is_sorted_by_utf8_bytes_of_the_path(
+        self, store: Store, filled: dict[str, bytes]
+    ) -> None:
+        paths = [i.path for i in store.list()]
+        assert paths == sorted(filled, key=lambda p: p.encode("utf-8"))
+
+    def test_list_prefix_is_a_folder_not_a_string_prefix(
+        self, store: Store, filled: dict[str, bytes]
+    ) -> None:
+        assert [i.path for i in store.list("a")] == ["a/1.bin", "a/2.bin", "a/b/3.bin"]
+        assert [i.path for i in store.list("a/b/")] == ["a/b/3.bin"]
+
+    def test_list_pattern_is_a_glob_relative_to_the_prefix(
+        self, store: Store, filled: dict[str, bytes]
+    ) -> None:
+        assert [i.path for i in store.list("a", pattern="*.bin")] == ["a/1.bin", "a/2.bin"]
+        assert [i.path for i in store.list("a", pattern="**/*.bin")] == [
+            "a/1.bin",
+            "a/2.bin",
+            "a/b/3.bin",
+        ]
+        assert [i.path for i in store.list(pattern="*.txt")] == ["z.txt"]
+
+    def test_list_of_a_missing_prefix_is_empty(
+        self, store: Store, filled: dict[str, bytes]
+    ) -> None:
+        assert store.list("no/such/folder") == []
+
+    def test_info_agrees_with_list(self, store: Store, filled: dict[str, bytes]) -> None:
+        for listed in store.list():
+            assert store.info(listed.path) == listed
+
+    def test_info_of_a_missing_object_raises_object_not_found(self, store: Store) -> None:
+        with pytest.raises(ObjectNotFoundError, match=re.escape("missing.bin")) as excinfo:
+            store.info("missing.bin")
+        assert isinstance(excinfo.value, FileNotFoundError)
+
+    # -- get_many --------------------------------------------------------------------------
+
+    def test_get_many_returns_whole_objects_in_request_order(
+        self, store: Store, filled: dict[str, bytes]
+    ) -> None:
+        paths = list(filled) * 3
+        random.Random(7).shuffle(paths)
+        out = store.get_many([ByteRange(p) for p in paths])
+        assert [bytes(memoryview(b)) for b in out] == [filled[p] for p in paths]
+
+    @pytest.mark.parametrize(
+        ("start", "end"),
+        [(0, 1), (5, 17), (1, None), (299, 300), (250, 10_000), (300, None), (400, 500), (7, 7)],
+    )
+    def test_get_many_ranges_follow_python_slicing(
+        self, store: Store, filled: dict[str, bytes], start: int, end: int | None
+    ) -> None:
+        (out,) = store.get_many([ByteRange("a/1.bin", start, end)])
+        assert bytes(memoryview(out)) == filled["a/1.bin"][start:end]
+
+    def test_get_many_reads_empty_objects_whole_and_ranged(
+        self, store: Store, filled: dict[str, bytes]
+    ) -> None:
+        out = store.get_many([ByteRange("empty.bin"), ByteRange("empty.bin", 0, 10)])
+        assert [bytes(memoryview(b)) for b in out] == [b"", b""]
+
+    def test_get_many_of_nothing_returns_an_empty_list(self, store: Store) -> None:
+        assert store.get_many([]) == []
+
+    def test_get_many_reads_non_ascii_keys(self, store: Store, filled: dict[str, bytes]) -> None:
+        (out,) = store.get_many([ByteRange("ünï/ĉødé.bin")])
+        assert bytes(memoryview(out)) == b"non-ascii key"
+
+    def test_get_many_raises_object_not_found_for_a_missing_object(
+        self, store: Store, filled: dict[str, bytes]
+    ) -> None:
+        with pytest.raises(ObjectNotFoundError, match=re.escape("nope.bin")):
+            store.get_many([ByteRange("a/1.bin"), ByteRange("nope.bin")])
+
+    def test_get_many_pinned_to_the_current_etag_reads(
+        self, store: Store, filled: dict[str, bytes]
+    ) -> None:
+        info = store.info("a/b/3.bin")
+        (out,) = store.get_many([ByteRange("a/b/3.bin", 10, 20, etag=info.etag)])
+        assert bytes(memoryview(out)) == filled["a/b/3.bin"][10:20]
+
+    def test_get_many_pinned_to_an_old_etag_raises_object_changed(
+        self, store: Store, filled: dict[str, bytes]
+    ) -> None:
+        old = store.info("z.txt")
+        store.put_many([("z.txt", b"a new, longer version")])
+        with pytest.raises(ObjectChangedError, match=re.escape("z.txt")):
+            store.get_many([ByteRange("z.txt", etag=old.etag)])
+        (now,) = store.get_many([ByteRange("z.txt", etag=store.info("z.txt").etag)])
+        assert bytes(memoryview(now)) == b"a new, longer version"
+
+    def test_get_many_runs_requests_concurrently_within_the_bound(
+        self, make_store: MakeStore
+    ) -> None:
+        store = make_store(StoreConfig(max_concurrency=8))
+        items = [(f"many/{i:04d}.bin", os.urandom(2048)) for i in range(64)]
+        store.put_many(items)
+        out = store.get_many([ByteRange(p) for p, _ in items])
+        assert [bytes(memoryview(b)) for b in out] == [d for _, d in items]
+        stats = store.stats()
+        assert 1 < stats.max_in_flight <= 8
+        store.close()
+
+    # -- put, delete, stats, pickle ----------------------------------------------------------
+
+    def test_put_many_overwrites_and_accepts_any_buffer(self, store: Store) -> None:
+        store.put_many([("w/x.bin", b"first")])
+        store.put_many([("w/x.bin", bytearray(b"second")), ("w/y.bin", memoryview(b"yy"))])
+        out = store.get_many([ByteRange("w/x.bin"), ByteRange("w/y.bin")])
+        assert [bytes(memoryview(b)) for b in out] == [b"second", b"yy"]
+
+    def test_delete_many_removes_objects_and_ignores_missing_ones(
+        self, store: Store, filled: dict[str, bytes]
+    ) -> None:
+        store.delete_many(["a/1.bin", "a/2.bin", "never-existed.bin"])
+        assert [i.path for i in store.list("a")] == ["a/b/3.bin"]
+
+    def test_stats_count_requests_and_bytes(self, store: Store, filled: dict[str, bytes]) -> None:
+        before = store.stats()
+        store.get_many([ByteRange("a/1.bin"), ByteRange("a/b/3.bin", 0, 100)])
+        after = store.stats()
+        assert after.requests - before.requests == 2
+        assert after.bytes_read - before.bytes_read == 300 + 100
+        assert after.backend == store.backend
+
+    def test_store_pickles_as_configuration_and_works_after_unpickling(
+        self, store: Store, filled: dict[str, bytes]
+    ) -> None:
+        store.get_many([ByteRange("z.txt")])  # live client exists now
+        state = store.__getstate__()
+        assert set(state) == {"url", "storage_options", "config"}
+        clone = pickle.loads(pickle.dumps(store))
+        (out,) = clone.get_many([ByteRange("z.txt")])
+        assert bytes(memoryview(out)) == b"last"
+        assert clone.stats().requests == 1
+        clone.close()
+
+    def test_bad_arguments_raise_config_error(self, store: Store) -> None:
+        with pytest.raises(ConfigError):
+            store.get_many("a/1.bin")  # type: ignore[arg-type]
+        with pytest.raises(ConfigError):
+            store.get_many([("a/1.bin", 0, 1)])  # type: ignore[list-item]
+        with pytest.raises(ConfigError):
+            store.get_many([ByteRange("/absolute")])
+        with pytest.raises(ConfigError):
+            store.put_many([("x", 123)])  # type: ignore[list-item]
+        with pytest.raises(ConfigError):
+            store.delete_many("x")
+        with pytest.raises(ConfigError):
+            store.info("")
+
+
+#: Small budgets so that fault tests stay fast.
+FAULT_CONFIG = dict(
+    max_attempts=6,
+    retry_budget_s=20.0,
+    backoff_base_s=0.01,
+    backoff_max_s=0.05,
+    connect_timeout_s=2.0,
+    request_timeout_s=5.0,
+)
+SECRET = "s3cr3t-Never-Print-Me-0123456789"
+KEY_ID = "AKIDNEVERPRINTED42"
+
+
+class StoreFaultContract:
+    """Retries, typed errors and pinning, proven through the fault-injecting proxy."""
+
+    backend: str = "auto"
+
+    @pytest.fixture
+    def upstream(self) -> Any:
+        raise NotImplementedError("subclasses provide upstream (an S3Target)")
+
+    @pytest.fixture
+    def proxy(self, upstream: Any) -> Iterator[FaultProxy]:
+        with FaultProxy(upstream.endpoint_url) as proxy:
+            yield proxy
+
+    @pytest.fixture
+    def make_store(self, upstream: Any, proxy: FaultProxy) -> Iterator[MakeStore]:
+        opened: list[Store] = []
+
+        def make(**overrides: Any) -> Store:
+            config = StoreConfig(backend=self.backend, **{**FAULT_CONFIG, **overrides})  # type: ignore[arg-type]
+            options = {
+                "key": KEY_ID,
+                "secret": SECRET,
+                "client_kwargs": {"endpoint_url": proxy.endpoint_url, "region_name": "us-east-1"},
+            }
+            store = Store(upstream.url, storage_options=options, config=config)
+            assert store.backend == self.backend
+            opened.append(store)
+            return store
+
+        yield make
+        for store in opened:
+            store.close()
+
+    @pytest.fixture
+    def data(self, upstream: Any) -> dict[str, bytes]:
+        items = {
+            "f/small.bin": os.urandom(100 * 1024),
+            "f/big.bin": os.urandom(1024 * 1024 + 17),
+        }
+        direct = Store(upstream.url, storage_options=upstream.storage_options)
+        direct.put_many(list(items.items()))
+        direct.close()
+        return items
+
+    def key_path(self, upstream: Any, key: str) -> str:
+        """The URL path the proxy sees for ``key`` below the store root."""
+        return f"/{upstream.bucket}/{_object_key(upstream, key)}"
+
+    @pytest.mark.parametrize(
+        "fault",
+        [
+            Fault.slow_down(),
+            Fault.too_many_requests(),
+            Fault.server_error(500),
+            Fault.server_error(502),
+            Fault.server_error(503),
+            Fault.server_error(504),
+            Fault.reset(),
+            Fault.truncate(1000),
+        ],
+        ids=lambda f: f"{f.kind}-{f.status}",
+    )
+    def test_transient_faults_are_healed_with_identical_bytes(
+        self,
+        upstream: Any,
+        proxy: FaultProxy,
+        make_store: MakeStore,
+        data: dict[str, bytes],
+        fault: Fault,
+    ) -> None:
+        path = self.key_path(upstream, "f/small.bin")
+        proxy.add(fault, times=2, method="GET", path=path)
+        store = make_store()
+        (out,) = store.get_many([ByteRange("f/small.bin")])
+        assert bytes(memoryview(out)) == data["f/small.bin"]
+        assert proxy.requests(path=path, method="GET") == 3
+        stats = store.stats()
+        if fault.kind == "reset":
+            # aiohttp replays an idempotent request once by itself when a reused keep-alive
+            # connection drops before the answer; that replay is not one of our retries.
+            assert 1 <= stats.retries <= 2
+        else:
+            assert stats.retries == 2
+        throttling = fault.kind == "status" and (fault.status == 429 or b"SlowDown" in fault.body)
+        assert stats.throttled == (2 if throttling else 0)
+
+    def test_a_broken_large_body_resumes_pinned_to_its_etag(
+        self, upstream: Any, proxy: FaultProxy, make_store: MakeStore, data: dict[str, bytes]
+    ) -> None:
+        path = self.key_path(upstream, "f/big.bin")
+        proxy.add(Fault.truncate(600 * 1024), times=1, method="GET", path=path)
+        store = make_store(resume_min_bytes=256 * 1024)
+        etag = store.info("f/big.bin").etag
+        (out,) = store.get_many([ByteRange("f/big.bin")])
+        assert bytes(memoryview(out)) == data["f/big.bin"]
+        first, second = [r for r in proxy.history() if r.path == path and r.method == "GET"]
+        assert first.range is None
+        assert first.if_match is None
+        assert second.range is not None
+        assert second.range.startswith("bytes=")
+        resumed_from = int(second.range.removeprefix("bytes=").split("-")[0])
+        assert 0 < resumed_from <= 600 * 1024
+        assert second.if_match == f'"{etag}"'
+        assert store.stats().resumed == 1
+
+    def test_a_pinned_read_whose_object_changes_mid_resume_raises_object_changed(
+        self, upstream: Any, proxy: FaultProxy, make_store: MakeStore, data: dict[str, bytes]
+    ) -> None:
+        path = self.key_path(upstream, "f/big.bin")
+        store = make_store(resume_min_bytes=256 * 1024)
+        etag = store.info("f/big.bin").etag
+        overwrite = _overwriter(upstream, "f/big.bin", os.urandom(len(data["f/big.bin"])))
+        proxy.add(Fault.truncate(600 * 1024), times=1, method="GET", path=path, after=overwrite)
+        with pytest.raises(ObjectChangedError, match=re.escape("f/big.bin")):
+            store.get_many([ByteRange("f/big.bin", etag=etag)])
+
+    def test_an_unpinned_read_whose_object_changes_mid_resume_restarts_whole(
+        self, upstream: Any, proxy: FaultProxy, make_store: MakeStore, data: dict[str, bytes]
+    ) -> None:
+        path = self.key_path(upstream, "f/big.bin")
+        store = make_store(resume_min_bytes=256 * 1024)
+        new = os.urandom(len(data["f/big.bin"]))
+        proxy.add(
+            Fault.truncate(600 * 1024),
+            times=1,
+            method="GET",
+            path=path,
+            after=_overwriter(upstream, "f/big.bin", new),
+        )
+        (out,) = store.get_many([ByteRange("f/big.bin")])
+        assert bytes(memoryview(out)) == new  # never old bytes spliced to new ones
+        gets = [r for r in proxy.history() if r.path == path and r.method == "GET"]
+        assert len(gets) == 3  # broken, resumed (412), fresh
+        assert gets[1].if_match is not None
+        assert gets[2].if_match is None
+
+    def test_retry_after_is_honoured(
+        self, upstream: Any, proxy: FaultProxy, make_store: MakeStore, data: dict[str, bytes]
+    ) -> None:
+        if self.backend == "obstore":
+            pytest.skip(
+                "obstore 0.12 reports only the status and body of a failed request, not its "
+                "Retry-After header (docs/store.md, 'Retry-After')"
+            )
+        path = self.key_path(upstream, "f/small.bin")
+        proxy.add(Fault.slow_down(retry_after_s=1), times=1, method="GET", path=path)
+        store = make_store()
+        started = time.monotonic()
+        (out,) = store.get_many([ByteRange("f/small.bin")])
+        assert time.monotonic() - started >= 1.0  # the backoff alone would be <= 0.05 s
+        assert bytes(memoryview(out)) == data["f/small.bin"]
+        assert store.stats().throttled == 1
+
+    def test_not_found_raises_at_once_without_retrying(
+        self, upstream: Any, proxy: FaultProxy, make_store: MakeStore, data: dict[str, bytes]
+    ) -> None:
+        store = make_store()
+        with pytest.raises(ObjectNotFoundError, match=re.escape("f/absent.bin")):
+            store.get_many([ByteRange("f/absent.bin")])
+        assert proxy.requests(path=self.key_path(upstream, "f/absent.bin")) == 1
+        path = self.key_path(upstream, "f/small.bin")
+        proxy.add(Fault.not_found(), times=1, method="GET", path=path)
+        with pytest.raises(ObjectNotFoundError):
+            store.get_many([ByteRange("f/small.bin")])
+        assert proxy.requests(path=path) == 1
+        assert store.stats().retries == 0
+
+    def test_access_denied_raises_at_once_naming_bucket_and_key(
+        self, upstream: Any, proxy: FaultProxy, make_store: MakeStore, data: dict[str, bytes]
+    ) -> None:
+        path = self.key_path(upstream, "f/small.bin")
+        proxy.add(Fault.access_denied(), times=None, path=path)
+        store = make_store()
+        with pytest.raises(AccessDeniedError, match="access denied") as excinfo:
+            store.get_many([ByteRange("f/small.bin")])
+        assert f"{upstream.url}/f/small.bin" in str(excinfo.value)  # bucket and key
+        assert isinstance(excinfo.value, PermissionError)
+        assert proxy.requests(path=path) == 1
+        with pytest.raises(AccessDeniedError):
+            store.info("f/small.bin")
+        assert proxy.requests(path=path) == 2
+
+    def test_an_outage_longer_than_the_budget_raises_within_the_budget(
+        self, upstream: Any, proxy: FaultProxy, make_store: MakeStore, data: dict[str, bytes]
+    ) -> None:
+        store = make_store(retry_budget_s=1.5, max_attempts=100, backoff_max_s=0.2)
+        store.info("f/small.bin")  # the client's one-time setup is not part of the budget
+        proxy.outage(30.0)
+        started = time.monotonic()
+        with pytest.raises(StoreError, match=re.escape("f/small.bin")) as excinfo:
+            store.get_many([ByteRange("f/small.bin")])
+        elapsed = time.monotonic() - started
+        assert elapsed <= 1.5 + 0.5
+        message = str(excinfo.value)
+        assert "get of" in message
+        assert "attempt" in message
+        assert "last cause" in message
+        assert type(excinfo.value) is StoreError
+        proxy.clear()
+        (out,) = store.get_many([ByteRange("f/small.bin")])
+        assert bytes(memoryview(out)) == data["f/small.bin"]
+
+    def test_a_short_outage_is_healed(
+        self, proxy: FaultProxy, make_store: MakeStore, data: dict[str, bytes]
+    ) -> None:
+        store = make_store(backoff_max_s=0.2, max_attempts=50)
+        proxy.outage(0.4, Fault.server_error(503))
+        out = store.get_many([ByteRange("f/small.bin"), ByteRange("f/big.bin", 5, 50)])
+        assert bytes(memoryview(out[0])) == data["f/small.bin"]
+        assert bytes(memoryview(out[1])) == data["f/big.bin"][5:50]
+
+    def test_a_slow_response_times_out_and_is_retried(
+        self, upstream: Any, proxy: FaultProxy, make_store: MakeStore, data: dict[str, bytes]
+    ) -> None:
+        path = self.key_path(upstream, "f/small.bin")
+        proxy.add(Fault.delay(3.0), times=1, method="GET", path=path)
+        store = make_store(request_timeout_s=1.0)
+        started = time.monotonic()
+        (out,) = store.get_many([ByteRange("f/small.bin")])
+        assert bytes(memoryview(out)) == data["f/small.bin"]
+        assert time.monotonic() - started < 3.0
+        assert store.stats().retries == 1
+
+    def test_listing_and_writes_are_retried_too(
+        self, upstream: Any, proxy: FaultProxy, make_store: MakeStore, data: dict[str, bytes]
+    ) -> None:
+        store = make_store()
+        proxy.add(Fault.server_error(503), times=1, method="GET", path=f"^/{upstream.bucket}/?$")
+        assert [i.path for i in store.list("f")] == ["f/big.bin", "f/small.bin"]
+        proxy.add(Fault.server_error(500), times=1, method="PUT")
+        store.put_many([("f/new.bin", b"new")])
+        (out,) = store.get_many([ByteRange("f/new.bin")])
+        assert bytes(memoryview(out)) == b"new"
+        assert store.stats().retries == 2
+
+    def test_requests_really_run_concurrently_and_within_the_bound(
+        self, upstream: Any, proxy: FaultProxy, make_store: MakeStore, data: dict[str, bytes]
+    ) -> None:
+        store = make_store(max_concurrency=8)
+        store.get_many([ByteRange("f/small.bin", 0, 1)])  # the client's one-time setup
+        proxy.reset_counters()
+        proxy.add(Fault.delay(1.0), times=None, method="GET")
+        started = time.monotonic()
+        out = store.get_many([ByteRange("f/small.bin", i, i + 10) for i in range(16)])
+        elapsed = time.monotonic() - started
+        assert [bytes(memoryview(b)) for b in out] == [
+            data["f/small.bin"][i : i + 10] for i in range(16)
+        ]
+        assert proxy.max_in_flight == 8
+        assert elapsed < 16 * 1.0 / 3  # one at a time would take 16 s, 8 at a time 2 s
+
+    def test_credentials_never_appear_in_messages_or_logs(
+        self,
+        upstream: Any,
+        proxy: FaultProxy,
+        make_store: MakeStore,
+        data: dict[str, bytes],
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        caplog.set_level(logging.DEBUG)
+        store = make_store(retry_budget_s=1.0)
+        texts = [repr(store), str(store.stats())]
+        proxy.add(Fault.server_error(500), times=2, method="GET")
+        store.get_many([ByteRange("f/small.bin")])
+        for fault in (Fault.access_denied(), Fault.not_found()):
+            proxy.add(fault, times=1, method="GET")
+            with pytest.raises(StoreError) as excinfo:
+                store.get_many([ByteRange("f/small.bin")])
+            texts.append(str(excinfo.value))
+        proxy.outage(30.0)
+        with pytest.raises(StoreError) as excinfo:
+            store.get_many([ByteRange("f/small.bin")])
+        texts.append(str(excinfo.value))
+        everything = [record.getMessage() for record in caplog.records]
+        texts += [r.getMessage() for r in caplog.records if r.name.startswith("fastdata")]
+        assert any("retrying get" in t for t in texts)
+        for text in texts:
+            assert SECRET not in text
+            assert KEY_ID not in text
+        # botocore's own DEBUG lines show the access key id (never the secret).
+        assert not any(SECRET in text for text in everything)
+
+
+def _overwriter(upstream: Any, key: str, payload: bytes) -> Callable[[], None]:
+    """A callback that overwrites ``key`` directly on the server (not through the proxy)."""
+
+    def overwrite() -> None:
+        upstream.boto3_client().put_object(
+            Bucket=upstream.bucket, Key=_object_key(upstream, key), Body=payload
+        )
+
+    return overwrite
+
+
+def _object_key(upstream: Any, key: str) -> str:
+    """The S3 key of ``key`` below the root of ``upstream.url`` (s3://bucket[/prefix])."""
+    prefix = upstream.url.partition("://")[2].partition("/")[2].strip("/")
+    return f"{prefix}/{key}" if prefix else key

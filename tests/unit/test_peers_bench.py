@@ -1,0 +1,137 @@
+"""bench/peers_bench.py's own bookkeeping: validation of an epoch, byte counts, skipping
+peers that are not installed, and the CPU of worker processes (no server needed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import multiprocessing
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from fastdata.dataset import VarTensor
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def pb() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("peers_bench", ROOT / "bench" / "peers_bench.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["peers_bench"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _plan(samples: int, nbytes: int, label_sum: int) -> dict[str, Any]:
+    return {
+        "server_pid": None,
+        "expected": {"samples": samples, "bytes": nbytes, "label_sum": label_sum},
+    }
+
+
+def _opener(batches: list[Any], measure: Any) -> Any:
+    return lambda: (batches, lambda: None, measure)
+
+
+def test_a_complete_epoch_passes(pb: ModuleType) -> None:
+    batches = [
+        {"data": [b"ab", b"cde"], "label": torch.tensor([1, 2])},
+        {"data": [b"f"], "label": [3]},
+    ]
+    cell = pb.run_cell(
+        _plan(3, 6, 6), "litdata", "cold", 0, _opener(batches, pb.dict_measure("data", "label"))
+    )
+    assert cell.ok, (cell.problems, cell.error)
+    assert (cell.samples, cell.bytes, cell.label_sum) == (3, 6, 6)
+    assert cell.mb_per_s > 0
+
+
+def test_a_short_epoch_fails_validation_with_every_mismatch_named(pb: ModuleType) -> None:
+    batches = [{"data": [b"ab", b"cde"], "label": [1, 2]}]  # the last batch is missing
+    cell = pb.run_cell(
+        _plan(3, 6, 6),
+        "fastdata files",
+        "cold",
+        0,
+        _opener(batches, pb.dict_measure("data", "label")),
+    )
+    assert not cell.ok
+    assert cell.problems == ["samples 2 != 3", "bytes 5 != 6", "label_sum 3 != 6"]
+
+
+def test_an_exception_is_recorded_and_close_still_runs(pb: ModuleType) -> None:
+    closed: list[bool] = []
+
+    def batches() -> Any:
+        yield {"data": [b"x"], "label": [0]}
+        raise RuntimeError("the store went away")
+
+    def opener() -> Any:
+        return batches(), lambda: closed.append(True), pb.dict_measure("data", "label")
+
+    cell = pb.run_cell(_plan(2, 2, 0), "mosaic", "warm", 2, opener)
+    assert cell.error == "RuntimeError: the store went away"
+    assert not cell.ok
+    assert closed == [True]
+
+
+def test_payload_bytes_of_every_batch_shape(pb: ModuleType) -> None:
+    var = VarTensor(torch.zeros(7, dtype=torch.uint8), torch.tensor([0, 3, 7]))
+    assert pb._nbytes(var) == 7
+    assert pb._nbytes(torch.zeros(2, 5, dtype=torch.int16)) == 20
+    assert pb._nbytes([b"abc", b"de"]) == 5
+    assert pb._nbytes(np.zeros(4, dtype=np.uint8)) == 4
+    assert pb.tuple_measure(([b"abc", b"de"], np.array([4, 5]))) == (2, 5, 9)
+
+
+def test_samples_are_the_promised_sizes_and_labels(pb: ModuleType) -> None:
+    sizes = pb.replace(pb.QUICK, samples=500)
+    samples = pb.Samples.make(sizes)
+    lengths = np.diff(samples.offsets)
+    assert len(samples) == 500
+    assert lengths.min() >= int(sizes.mean_bytes * 0.8)
+    assert lengths.max() <= int(sizes.mean_bytes * 1.2)
+    assert set(samples.labels.tolist()) <= set(range(pb.LABELS))
+    assert samples.expected()["bytes"] == len(samples.payload) == int(lengths.sum())
+
+
+def test_a_missing_peer_is_skipped_with_a_line_saying_so(
+    pb: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "litdata", None)  # find_spec then says: not installed
+    run, skipped = pb.available_systems(["pyarrow", "fastdata files", "litdata"])
+    assert run == ["pyarrow", "fastdata files"]
+    assert skipped == ["skipped litdata: litdata is not installed (pip install 'fastdata[peers]')"]
+
+
+def _burn(ready: Any, release: Any) -> None:
+    while time.process_time() < 0.3:
+        pass
+    ready.set()
+    release.wait(60)
+
+
+def test_tree_cpu_counts_a_live_child_process(pb: ModuleType) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    ready, release = ctx.Event(), ctx.Event()
+    before = pb.tree_cpu_s(None)
+    child = ctx.Process(target=_burn, args=(ready, release))
+    child.start()
+    try:
+        assert ready.wait(60)
+        assert pb.tree_cpu_s(None) - before >= 0.3
+        # ... and not the process it is told to leave out (the server): what is left is
+        # this process's own work since `before`, a small part of the child's 0.3 s.
+        assert pb.tree_cpu_s(child.pid) - before < 0.2
+    finally:
+        release.set()
+        child.join(30)
