@@ -37,7 +37,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,7 +45,13 @@ import numpy as np
 import numpy.typing as npt
 
 from fastdata.config import default_cache_dir
-from fastdata.errors import CacheError, ConfigError, FastdataError, ObjectChangedError
+from fastdata.errors import (
+    CacheError,
+    ConfigError,
+    CorruptRecordError,
+    FastdataError,
+    ObjectChangedError,
+)
 from fastdata.layouts import (
     ROW_DTYPE,
     Layout,
@@ -85,8 +91,6 @@ _MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(
 
 class DatasetChangedWarning(UserWarning):
     """The dataset changed since its index was built (``consistency="validate"``)."""
-
-
 
 
 def _mix(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
@@ -401,6 +405,7 @@ class SampleIndex:
         distinct = np.unique(ids)
         range_of = np.searchsorted(starts, distinct, side="right") - 1
         lengths = self._table.rows["length"]
+        wanted = set(distinct.tolist())
 
         def fetch(rids: list[int]) -> dict[int, dict[int, tuple[Any, int]]]:
             bounds = [
@@ -412,7 +417,8 @@ class SampleIndex:
                 samples = self._read_units(store, every)
             else:  # one GET per chunk, whatever the gaps inside it (NOTE[shard-chunks])
                 sizes = np.asarray([b - a for a, b in bounds], dtype=np.int64)
-                samples = self._read_units(store, every, np.repeat(np.arange(len(rids)), sizes))
+                chunk_of = np.repeat(np.arange(len(rids)), sizes)
+                samples = self._read_units(store, every, chunk_of, wanted)
             result: dict[int, dict[int, tuple[Any, int]]] = {}
             pos = 0
             for rid, (a, b) in zip(rids, bounds, strict=True):
@@ -420,7 +426,11 @@ class SampleIndex:
                     share = [int(lengths[a]) // max(1, b - a)] * (b - a)
                 else:
                     share = np.asarray(lengths[a:b]).astype(np.int64).tolist()
-                result[rid] = {a + i: (samples[pos + i], share[i]) for i in range(b - a)}
+                result[rid] = {
+                    a + i: (samples[pos + i], share[i])
+                    for i in range(b - a)
+                    if samples[pos + i] is not None
+                }
                 pos += b - a
             return result
 
@@ -428,7 +438,11 @@ class SampleIndex:
         return [got[i] for i in ids.tolist()]
 
     def _read_units(
-        self, store: Store, ids: np.ndarray, chunk_of: np.ndarray | None = None
+        self,
+        store: Store,
+        ids: np.ndarray,
+        chunk_of: np.ndarray | None = None,
+        wanted: set[int] | None = None,
     ) -> list[Sample]:
         """Fetch the units of ``ids`` in one ``get_many`` and decode them, in id order.
 
@@ -438,6 +452,8 @@ class SampleIndex:
             chunk_of: When given, the unit of each id (the ids of a unit consecutive in
                 one object): each unit is one request spanning its samples, instead of
                 the units ``plan_units`` makes.
+            wanted: When given, the ids the caller asked for: a sample outside them that
+                does not decode is returned as ``None`` instead of failing the read.
         """
         rows = self._table.rows[ids]
         start, end = self.layout.fetch_spans(rows)
@@ -467,10 +483,33 @@ class SampleIndex:
             members = order[bounds[u] : bounds[u + 1]]
             span = (int(unit_obj[u]), int(unit_start[u]), int(unit_end[u]))
             unit = self._unit(span, req, raw, rows[members], ids[members])
-            for i, sample in zip(members.tolist(), self.layout.decode_unit(unit), strict=True):
+            decoded: Sequence[Sample | None]
+            try:
+                decoded = self.layout.decode_unit(unit)
+            except CorruptRecordError:
+                if wanted is None:
+                    raise
+                decoded = self._decode_each(unit, wanted)
+            for i, sample in zip(members.tolist(), decoded, strict=True):
                 out[i] = sample
-        # The units partition the ids, so every slot was filled above.
+        # The units partition the ids, so every slot was filled above (a sample left
+        # ``None`` is one of a chunk's that nobody asked for and that does not decode).
         return out  # type: ignore[return-value]
+
+    def _decode_each(self, unit: UnitView, wanted: set[int]) -> list[Sample | None]:
+        """Decode a unit's samples one by one: a sample that does not decode raises when
+        it was asked for, else it is left out (``None``), so that one bad sample of a
+        fetch chunk fails only the reads that ask for it (NOTE[shard-chunks])."""
+        out: list[Sample | None] = []
+        for k, sid in enumerate(unit.sample_ids.tolist()):
+            one = replace(unit, rows=unit.rows[k : k + 1], sample_ids=unit.sample_ids[k : k + 1])
+            try:
+                out.extend(self.layout.decode_unit(one))
+            except CorruptRecordError:
+                if sid in wanted:
+                    raise
+                out.append(None)
+        return out
 
     def _request(self, obj: int, start: int, end: int) -> ByteRange:
         info = self._table.object_info(obj)

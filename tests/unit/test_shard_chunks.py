@@ -162,3 +162,49 @@ def test_kept_rows_of_a_chunk_are_served_without_a_request(tmp_path: Path) -> No
             got[sid] = bytes(sample.buffer)  # type: ignore[union-attr]
     assert got == dict(enumerate(records))
     assert sum(calls) == 3  # one GET per shard (each is one chunk), whatever the order
+
+
+def _tar_with_a_bad_cls(root: Path) -> list[bytes]:
+    import io
+    import tarfile
+
+    root.mkdir()
+    rng = np.random.default_rng(5)
+    blobs = [rng.bytes(3000) for _ in range(20)]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for i, blob in enumerate(blobs):
+            cls = b"oops" if i == 7 else str(i).encode()
+            for ext, data in (("bin", blob), ("cls", cls)):
+                info = tarfile.TarInfo(f"{i:03d}.{ext}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    (root / "0.tar").write_bytes(buf.getvalue())
+    return blobs
+
+
+def test_a_bad_sample_in_a_chunk_fails_only_itself(tmp_path: Path) -> None:
+    from fastdata import Dataset
+    from fastdata.errors import CorruptRecordError
+
+    blobs = _tar_with_a_bad_cls(tmp_path / "tar")
+    index = open_index(str(tmp_path / "tar"), decode_cls=True, cache_dir=tmp_path / "cache")
+    assert len(index.unit_sizes()) == 1  # one chunk holds all 20
+    store = Store(index.url)
+    got = index.read_samples(store, [3, 8])  # their chunk also holds the bad sample 7
+    assert [bytes(s["bin"]) for s in got] == [blobs[3], blobs[8]]  # type: ignore[index]
+    with pytest.raises(CorruptRecordError, match="sample 7") as info:
+        index.read_samples(store, [7])
+    assert info.value.sample_id == 7
+    # The loader skips it and delivers every other sample once.
+    with Dataset(
+        str(tmp_path / "tar"),
+        layout_options={"decode_cls": True},
+        on_error="skip",
+        cache_dir=tmp_path / "cache2",
+    ) as ds:
+        plan = EpochPlan(ds.order(0, ds.plan_config_for(batch_size=4)))
+        with ds.prefetch(plan) as batches:
+            seen = sorted(int(i) for b in batches for i in b["__id__"])
+        assert ds.skipped_samples == 1
+    assert seen == [i for i in range(20) if i != 7]
