@@ -332,14 +332,19 @@ class SampleIndex:
     def _ranges(self) -> np.ndarray:
         """The first sample id of every shared range: a run of rows with one fetch range
         (Parquet), or a chunk: the rows of one object whose first byte lies in one
-        ``chunk_bytes``-aligned window of it (NOTE[shard-chunks])."""
+        ``chunk_bytes``-aligned window of it, a sample larger than ``chunk_bytes`` alone
+        (NOTE[shard-chunks])."""
         if self._range_starts is None:
             rows = self._table.rows
             obj, offset = np.asarray(rows["obj"]), np.asarray(rows["offset"])
-            if self.chunk_bytes and not self._identical:
+            chunked = bool(self.chunk_bytes) and not self._identical
+            if chunked:
                 offset = offset // np.uint64(self.chunk_bytes)
             new = np.ones(len(obj), dtype=bool)
             new[1:] = (obj[1:] != obj[:-1]) | (offset[1:] != offset[:-1])
+            if chunked:  # a sample larger than a chunk is a chunk of its own
+                big = np.asarray(rows["length"]) > np.uint64(self.chunk_bytes)
+                new[1:] |= big[1:] | big[:-1]
             self._range_starts = np.flatnonzero(new)
         return self._range_starts
 

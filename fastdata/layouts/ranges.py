@@ -22,8 +22,9 @@ them a sample at a time costs a request per sample, bounded by the store's per-r
 ceiling rather than by its range ceiling (issue 15: 373 GETs for a cold epoch of 400
 samples in 8 shards). A layout that says ``chunk_bytes = CHUNK_BYTES`` (a class attribute)
 is read in *chunks*: runs of consecutive samples of one object whose first bytes lie in
-the same ``chunk_bytes``-aligned window of the object (``SampleIndex._ranges``), so a chunk
-never splits a sample and spans at most ``chunk_bytes`` plus its last sample. The index
+the same ``chunk_bytes``-aligned window of the object (``SampleIndex._ranges``), a sample
+larger than ``chunk_bytes`` being a chunk of its own, so a chunk never splits a sample and
+spans at most twice ``chunk_bytes`` (or its one large sample). The index
 treats a chunk like a row group: it fetches the whole chunk in one ranged GET, decodes
 every sample of it and keeps the ones not asked for here, and the default shuffle walks
 chunks (NOTE[row-group-walk] in ``fastdata/spec.py``). Only the *read* depends on what is

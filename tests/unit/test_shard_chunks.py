@@ -208,3 +208,20 @@ def test_a_bad_sample_in_a_chunk_fails_only_itself(tmp_path: Path) -> None:
             seen = sorted(int(i) for b in batches for i in b["__id__"])
         assert ds.skipped_samples == 1
     assert seen == [i for i in range(20) if i != 7]
+
+
+def test_a_sample_larger_than_a_chunk_is_a_chunk_of_its_own(tmp_path: Path) -> None:
+    """Small samples beside a 20 MiB one are never fetched together with it."""
+    lengths = [1000, 2000, 20 * 1024**2, 3000, 4000]
+    offsets = 64 + np.concatenate([[0], np.cumsum([(n + 63) // 64 * 64 for n in lengths])[:-1]])
+    rows = np.zeros(len(lengths), dtype=ROW_DTYPE)
+    rows["offset"], rows["length"] = offsets, lengths
+    size = int(offsets[-1] + lengths[-1] + 64)
+    index = save_index(
+        str(tmp_path / "d"),
+        [ObjectInfo("0.fdpack", size, "e")],
+        rows,
+        layout="packed",
+        cache_dir=tmp_path / "cache",
+    )
+    assert index.unit_sizes().tolist() == [2, 1, 2]
