@@ -95,8 +95,9 @@ class Dataset(IterableDataset[Any]):
         cache_bytes: LMDB tier budget, bytes or a string like ``"200GiB"``.
         ram_bytes: RAM tier budget (0 turns it off).
         shuffle: ``True`` (``"auto"``: a fresh shuffle every epoch; global, except over
-            Parquet, where row groups are shuffled and samples within a window of them,
-            so that a cold epoch fetches each row group once), ``False``, or a mode:
+            Parquet row groups and the 8 MiB chunks of packed and tar shards, which are
+            shuffled, and samples within a window of them, so that a cold epoch fetches
+            each once: docs/plan.md), ``False``, or a mode:
             ``"global"``, ``"shard_window"`` (shards in shuffled order, samples shuffled
             within a window: for cold streaming of tar/Parquet shards) or ``"none"``.
         seed: Base seed of the shuffle; every rank must use the same.
@@ -111,8 +112,9 @@ class Dataset(IterableDataset[Any]):
         batch_size: Samples gathered per background fetch when iterating single samples.
         config: Full settings; the arguments above override its fields.
         layout_options: Layout options (``labels=True`` for ImageFolder labels, ...).
-        window_samples: The shuffle window of ``"shard_window"`` and of the row-group walk
-            of ``shuffle=True`` over Parquet, in samples (docs/plan.md).
+        window_samples: The shuffle window of ``"shard_window"`` and of the row-group and
+            chunk walks of ``shuffle=True``, in samples (docs/plan.md); ``True`` lowers it
+            to fit 512 MiB (Parquet) or 16 chunks (packed, tar).
         on_error: What a sample that cannot be read or transformed does
             (NOTE[bad-samples]): ``"raise"`` (default) raises the error, its type kept,
             with a note naming the sample id and where it lives (object key, byte range,

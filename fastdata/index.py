@@ -37,7 +37,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,7 +45,13 @@ import numpy as np
 import numpy.typing as npt
 
 from fastdata.config import default_cache_dir
-from fastdata.errors import CacheError, ConfigError, FastdataError, ObjectChangedError
+from fastdata.errors import (
+    CacheError,
+    ConfigError,
+    CorruptRecordError,
+    FastdataError,
+    ObjectChangedError,
+)
 from fastdata.layouts import (
     ROW_DTYPE,
     Layout,
@@ -56,7 +62,7 @@ from fastdata.layouts import (
 )
 from fastdata.layouts.base import BuildResult, CompanionLayout, ObjectScan, UnitView, corrupt
 from fastdata.layouts.files import callable_identity
-from fastdata.layouts.ranges import SharedRanges
+from fastdata.layouts.ranges import CHUNK_STOP_RATIO, SharedRanges
 from fastdata.layouts.table import SampleTable, TableVersions
 from fastdata.store import ByteRange, ObjectInfo, Store, glob_to_regex, normalize_url
 
@@ -167,10 +173,19 @@ class SampleIndex:
         self._recipe, self._salt = _key_words(self.store_identity, self.layout)
         self._shard_sizes: np.ndarray | None = None
         self._range_starts: np.ndarray | None = None
-        # NOTE[shared-ranges]: rows of a fetched row group kept until they are read.
-        self._shared = (
-            SharedRanges(what=self.url) if getattr(self.layout, "shares_ranges", False) else None
-        )
+        self.chunk_bytes: int = int(getattr(self.layout, "chunk_bytes", 0) or 0)
+        """The fetch chunk of shard layouts (packed, tar), 0 for others (NOTE[shard-chunks])."""
+        # NOTE[shared-ranges]: rows of a fetched row group (or chunk) kept until they are read.
+        self._identical = bool(getattr(self.layout, "shares_ranges", False))
+        self._shared: SharedRanges | None = None
+        if self._identical:
+            self._shared = SharedRanges(what=self.url)
+        elif self.chunk_bytes:
+            self._shared = SharedRanges(
+                what=self.url,
+                kind=f"{self.layout.name} shard chunks",
+                stop_ratio=CHUNK_STOP_RATIO,
+            )
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_reopen, (str(self._table.directory), self.storage_options))
@@ -316,16 +331,27 @@ class SampleIndex:
 
     @property
     def shares_ranges(self) -> bool:
-        """Whether rows share fetch ranges (Parquet row groups; NOTE[row-ranges])."""
+        """Whether reads fetch ranges shared by several rows: Parquet row groups
+        (NOTE[row-ranges]), or the fetch chunks of packed and tar shards
+        (NOTE[shard-chunks]). The default shuffle walks them (``epoch_order``)."""
         return self._shared is not None
 
     def _ranges(self) -> np.ndarray:
-        """The first sample id of every run of rows with one fetch range."""
+        """The first sample id of every shared range: a run of rows with one fetch range
+        (Parquet), or a chunk: the rows of one object whose first byte lies in one
+        ``chunk_bytes``-aligned window of it, a sample larger than ``chunk_bytes`` alone
+        (NOTE[shard-chunks])."""
         if self._range_starts is None:
             rows = self._table.rows
             obj, offset = np.asarray(rows["obj"]), np.asarray(rows["offset"])
+            chunked = bool(self.chunk_bytes) and not self._identical
+            if chunked:
+                offset = offset // np.uint64(self.chunk_bytes)
             new = np.ones(len(obj), dtype=bool)
             new[1:] = (obj[1:] != obj[:-1]) | (offset[1:] != offset[:-1])
+            if chunked:  # a sample larger than a chunk is a chunk of its own
+                big = np.asarray(rows["length"]) > np.uint64(self.chunk_bytes)
+                new[1:] |= big[1:] | big[:-1]
             self._range_starts = np.flatnonzero(new)
         return self._range_starts
 
@@ -334,13 +360,13 @@ class SampleIndex:
         if len(self) == 0:
             return 0
         lengths = self._table.rows["length"]
-        starts = self._ranges() if self._shared is not None else slice(None)
+        starts = self._ranges() if self._identical else slice(None)
         return int(np.asarray(lengths[starts]).sum()) // len(self)
 
     def unit_sizes(self) -> np.ndarray:
         """Samples per read unit in id order: per row group where rows share fetch ranges
-        (Parquet), else per source object. The shards the epoch plan walks
-        (``fastdata.spec.epoch_order``)."""
+        (Parquet), per fetch chunk of packed and tar shards (NOTE[shard-chunks]), else per
+        source object. The shards the epoch plan walks (``fastdata.spec.epoch_order``)."""
         if self._shared is None:
             return self.shard_sizes()
         return np.diff(np.append(self._ranges(), len(self)))
@@ -391,6 +417,7 @@ class SampleIndex:
         distinct = np.unique(ids)
         range_of = np.searchsorted(starts, distinct, side="right") - 1
         lengths = self._table.rows["length"]
+        wanted = set(distinct.tolist())
 
         def fetch(rids: list[int]) -> dict[int, dict[int, tuple[Any, int]]]:
             bounds = [
@@ -398,23 +425,57 @@ class SampleIndex:
                 for r in rids
             ]
             every = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in bounds])
-            samples = self._read_units(store, every)
+            if self._identical:
+                samples = self._read_units(store, every)
+            else:  # one GET per chunk, whatever the gaps inside it (NOTE[shard-chunks])
+                sizes = np.asarray([b - a for a, b in bounds], dtype=np.int64)
+                chunk_of = np.repeat(np.arange(len(rids)), sizes)
+                samples = self._read_units(store, every, chunk_of, wanted)
             result: dict[int, dict[int, tuple[Any, int]]] = {}
             pos = 0
             for rid, (a, b) in zip(rids, bounds, strict=True):
-                share = int(lengths[a]) // max(1, b - a)
-                result[rid] = {a + i: (samples[pos + i], share) for i in range(b - a)}
+                if self._identical:
+                    share = [int(lengths[a]) // max(1, b - a)] * (b - a)
+                else:
+                    share = np.asarray(lengths[a:b]).astype(np.int64).tolist()
+                result[rid] = {
+                    a + i: (samples[pos + i], share[i])
+                    for i in range(b - a)
+                    if samples[pos + i] is not None
+                }
                 pos += b - a
             return result
 
         got = self._shared.read(distinct.tolist(), range_of.tolist(), fetch)
         return [got[i] for i in ids.tolist()]
 
-    def _read_units(self, store: Store, ids: np.ndarray) -> list[Sample]:
-        """Fetch the units of ``ids`` in one ``get_many`` and decode them, in id order."""
+    def _read_units(
+        self,
+        store: Store,
+        ids: np.ndarray,
+        chunk_of: np.ndarray | None = None,
+        wanted: set[int] | None = None,
+    ) -> list[Sample]:
+        """Fetch the units of ``ids`` in one ``get_many`` and decode them, in id order.
+
+        Args:
+            store: The store to read.
+            ids: Sample ids.
+            chunk_of: When given, the unit of each id (the ids of a unit consecutive in
+                one object): each unit is one request spanning its samples, instead of
+                the units ``plan_units`` makes.
+            wanted: When given, the ids the caller asked for: a sample outside them that
+                does not decode is returned as ``None`` instead of failing the read.
+        """
         rows = self._table.rows[ids]
         start, end = self.layout.fetch_spans(rows)
-        unit_of, unit_obj, unit_start, unit_end = plan_units(rows["obj"], start, end)
+        if chunk_of is None:
+            unit_of, unit_obj, unit_start, unit_end = plan_units(rows["obj"], start, end)
+        else:
+            unit_of = chunk_of
+            firsts = np.flatnonzero(np.diff(chunk_of, prepend=-1))
+            unit_obj, unit_start = rows["obj"][firsts], start[firsts]
+            unit_end = np.maximum.reduceat(end, firsts)
         requests = [
             self._request(int(o), int(s), int(e))
             for o, s, e in zip(unit_obj, unit_start, unit_end, strict=True)
@@ -434,10 +495,33 @@ class SampleIndex:
             members = order[bounds[u] : bounds[u + 1]]
             span = (int(unit_obj[u]), int(unit_start[u]), int(unit_end[u]))
             unit = self._unit(span, req, raw, rows[members], ids[members])
-            for i, sample in zip(members.tolist(), self.layout.decode_unit(unit), strict=True):
+            decoded: Sequence[Sample | None]
+            try:
+                decoded = self.layout.decode_unit(unit)
+            except CorruptRecordError:
+                if wanted is None:
+                    raise
+                decoded = self._decode_each(unit, wanted)
+            for i, sample in zip(members.tolist(), decoded, strict=True):
                 out[i] = sample
-        # The units partition the ids, so every slot was filled above.
+        # The units partition the ids, so every slot was filled above (a sample left
+        # ``None`` is one of a chunk's that nobody asked for and that does not decode).
         return out  # type: ignore[return-value]
+
+    def _decode_each(self, unit: UnitView, wanted: set[int]) -> list[Sample | None]:
+        """Decode a unit's samples one by one: a sample that does not decode raises when
+        it was asked for, else it is left out (``None``), so that one bad sample of a
+        fetch chunk fails only the reads that ask for it (NOTE[shard-chunks])."""
+        out: list[Sample | None] = []
+        for k, sid in enumerate(unit.sample_ids.tolist()):
+            one = replace(unit, rows=unit.rows[k : k + 1], sample_ids=unit.sample_ids[k : k + 1])
+            try:
+                out.extend(self.layout.decode_unit(one))
+            except CorruptRecordError:
+                if sid in wanted:
+                    raise
+                out.append(None)
+        return out
 
     def _request(self, obj: int, start: int, end: int) -> ByteRange:
         info = self._table.object_info(obj)

@@ -22,7 +22,7 @@ from fastdata.index import SampleIndex, normalize_url, open_index
 from fastdata.plan import EpochOrder, PlanConfig
 from fastdata.store import Store
 
-__all__ = ["WALK_WINDOW_BYTES", "Consistency", "DatasetSpec", "epoch_order"]
+__all__ = ["WALK_CHUNKS", "WALK_WINDOW_BYTES", "Consistency", "DatasetSpec", "epoch_order"]
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +132,11 @@ WALK_WINDOW_BYTES = 512 * 1024**2
 """With ``shuffle="auto"`` over row groups, the window holds about this many bytes at
 most (``window_samples`` is lowered to fit), so that the rows kept while a window is read
 (NOTE[shared-ranges]) fit the index's budget of ``SHARED_RANGE_BYTES``."""
+WALK_CHUNKS = 16
+"""With ``shuffle="auto"`` over the fetch chunks of packed and tar shards
+(NOTE[shard-chunks]), the window holds about this many chunks' bytes at most (128 MiB of
+8 MiB chunks): a batch mixes samples of about this many places of the dataset, and the
+first batch of a cold epoch waits for about this many chunks (docs/plan.md, "Chunk walk")."""
 
 _warned_global: set[str] = set()
 
@@ -139,22 +144,33 @@ _warned_global: set[str] = set()
 def epoch_order(index: SampleIndex, config: PlanConfig, epoch: int) -> EpochOrder:
     """The canonical global order of ``epoch``: the same on every rank, worker and tool.
 
-    NOTE[row-group-walk]: where rows share fetch ranges (Parquet row groups), the shards
-    of ``shuffle="shard_window"`` and of ``"auto"`` (the default of ``fastdata.Dataset``)
-    are the row groups, not the files: row groups in a shuffled order, samples shuffled
-    within windows of ``window_samples`` (for ``auto`` at most ``WALK_WINDOW_BYTES`` of
-    data). A cold epoch then fetches each row group once (docs/plan.md, "Row-group walk").
-    Everything here is a function of the saved index, so every rank agrees.
+    NOTE[row-group-walk]: where rows share fetch ranges (Parquet row groups, and the
+    fetch chunks of packed and tar shards, NOTE[shard-chunks]), the shards of
+    ``shuffle="shard_window"`` and of ``"auto"`` (the default of ``fastdata.Dataset``) are
+    those ranges, not the files: ranges in a shuffled order, samples shuffled within
+    windows of ``window_samples`` (for ``auto`` at most ``WALK_WINDOW_BYTES`` of data, and
+    over chunks at most ``WALK_CHUNKS`` chunks' bytes). A cold epoch then fetches each
+    range once (docs/plan.md, "Row-group walk", "Chunk walk"). Everything here is a
+    function of the saved index (never of what is cached), so every rank agrees.
     """
     shard_sizes = None
     if config.shuffle == "shard_window":
         shard_sizes = index.unit_sizes()
     elif config.shuffle == "auto" and index.shares_ranges:
         shard_sizes = index.unit_sizes()
-        fits = max(1, WALK_WINDOW_BYTES // max(1, index.mean_sample_bytes()))
+        window_bytes = WALK_WINDOW_BYTES
+        chunk_bytes = int(getattr(index, "chunk_bytes", 0) or 0)
+        if chunk_bytes:
+            window_bytes = min(window_bytes, WALK_CHUNKS * chunk_bytes)
+        fits = max(1, window_bytes // max(1, index.mean_sample_bytes()))
         if fits < config.window_samples:
             config = replace(config, window_samples=fits)
-    elif config.shuffle == "global" and index.shares_ranges and index.url not in _warned_global:
+    elif (
+        config.shuffle == "global"
+        and index.shares_ranges
+        and not getattr(index, "chunk_bytes", 0)
+        and index.url not in _warned_global
+    ):
         _warned_global.add(index.url)
         logger.warning(
             "%s: shuffle='global' over Parquet row groups: while the cache is cold, nearly "

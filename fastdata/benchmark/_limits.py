@@ -3,6 +3,10 @@
 * Store ceiling: ``Store.get_many`` of exactly the requests a cold epoch makes (one per
   sample: the whole object, or the record's byte range in a packed shard, pinned to its
   ETag), at several concurrencies; the best is the ceiling.
+* Range ceiling (``packed``): ``Store.get_many`` of every shard cut into consecutive
+  8 MiB ranges (``range_requests``), the read a loader that fetches shards in large
+  ranges makes, at several concurrencies; reported as payload MB/s (the samples'
+  bytes over the time to fetch every shard's bytes), so it compares with the systems.
 * GET latency: one sample at a time, sequentially, through the same store.
 * LMDB read: a plain py-lmdb loop over the cache the cold epoch filled (same records,
   same batch size, shuffled), ``buffers=True``, each record copied once into an aligned
@@ -36,12 +40,15 @@ __all__ = [
     "get_latency_ms",
     "lmdb_read",
     "memcpy_gb_per_s",
+    "range_requests",
     "raw_lmdb_read",
     "sample_requests",
     "store_ceiling",
 ]
 
 _CHUNK_REQUESTS = 1024
+RANGE_BYTES = 8 * 1024**2
+"""The range of the range ceiling: where the store reaches its throughput ceiling."""
 
 
 def memcpy_gb_per_s(nbytes: int, repeats: int = 5) -> float:
@@ -67,6 +74,20 @@ def sample_requests(index: SampleIndex, sample_ids: Any) -> list[ByteRange]:
         info = index.object_info(int(obj))
         whole = start == 0 and end == info.size
         out.append(ByteRange(info.path, start, None if whole else end, info.etag))
+    return out
+
+
+def range_requests(index: SampleIndex, range_bytes: int = RANGE_BYTES) -> list[ByteRange]:
+    """Every source object cut into consecutive ``range_bytes`` ranges (the last one
+    shorter), each pinned to the object's ETag: all of the dataset's bytes, read as a
+    loader that fetches shards in large ranges reads them."""
+    out: list[ByteRange] = []
+    for i in range(index.object_count):
+        info = index.object_info(i)
+        out.extend(
+            ByteRange(info.path, start, min(info.size, start + range_bytes), info.etag)
+            for start in range(0, info.size, range_bytes)
+        )
     return out
 
 

@@ -114,6 +114,14 @@ def build_result(
     return result
 
 
+def _limit_of(name: str, limits: dict[str, Any]) -> tuple[str, str]:
+    """The limit ``name`` is compared with: over packed shards, cold's is the 8 MiB-range
+    ceiling (what reading shards as shards can reach), not the per-sample one."""
+    if name == "fastdata_cold" and "range_get_mb_per_s" in limits:
+        return ("8 MiB-range ceiling", "range_get_mb_per_s")
+    return _LIMIT_OF[name]
+
+
 def _ratios(result: dict[str, Any]) -> dict[str, float]:
     systems, limits = result["systems"], result["limits"]
     base = systems["baseline_w2"]["samples_per_s"]
@@ -122,8 +130,11 @@ def _ratios(result: dict[str, Any]) -> dict[str, float]:
         if name != "baseline_w2" and base > 0:
             out[f"{name}_vs_baseline_w2"] = figures["samples_per_s"] / base
         if name in _LIMIT_OF:
-            limit = limits[_LIMIT_OF[name][1]]
+            limit = limits[_limit_of(name, limits)[1]]
             out[f"{name}_vs_limit"] = figures["mb_per_s"] / limit if limit > 0 else 0.0
+    if "fastdata_cold" in systems and limits.get("store_get_mb_per_s", 0) > 0:
+        cold = systems["fastdata_cold"]["mb_per_s"]
+        out["fastdata_cold_vs_store_ceiling"] = cold / limits["store_get_mb_per_s"]
     return out
 
 
@@ -141,7 +152,13 @@ def _targets(config: BenchConfig, result: dict[str, Any]) -> list[dict[str, Any]
     )
     rows = [
         ("warm >= 0.8x raw LMDB read", ratios["fastdata_warm_vs_limit"], 0.8, ">=", sized),
-        ("cold >= 0.8x store ceiling", ratios["fastdata_cold_vs_limit"], 0.8, ">=", sized),
+        (
+            f"cold >= 0.8x {_limit_of('fastdata_cold', result['limits'])[0]}",
+            ratios["fastdata_cold_vs_limit"],
+            0.8,
+            ">=",
+            sized,
+        ),
         ("warm p99 batch wait <= 1 ms", warm["batch_wait_ms"]["p99"], 1.0, "<=", headline),
         ("warm stall fraction < 1%", warm["stall_fraction"], 0.01, "<", headline),
         ("warm >= 10x baseline w2", ratios["fastdata_warm_vs_baseline_w2"], 10.0, ">=", sized),
@@ -229,7 +246,7 @@ def print_report(result: dict[str, Any], console: Any = None) -> None:
             _ms(wait["max"]),
             f"{100 * s['stall_fraction']:.1f}%",
             "" if vs_base is None else f"{vs_base:,.1f}x",
-            "" if vs_limit is None else f"{vs_limit:.2f}x {_LIMIT_OF[name][0]}",
+            "" if vs_limit is None else f"{vs_limit:.2f}x {_limit_of(name, limits)[0]}",
         )
     console.print(table)
     console.print(_LEGEND)
@@ -242,6 +259,13 @@ def print_report(result: dict[str, Any], console: Any = None) -> None:
         f"({limits['page_cache']}; {limits['lmdb_read_hot_mb_per_s']:,.1f} MB/s in memory); "
         f"memcpy {limits['memcpy_gb_per_s']:.1f} GB/s"
     )
+    if "range_get_mb_per_s" in limits:
+        console.print(
+            f"8 MiB-range ceiling {limits['range_get_mb_per_s']:,.1f} MB/s of payload "
+            f"(every shard in 8 MiB ranges, concurrency {limits['range_best_concurrency']}); "
+            f"cold at {result['ratios'].get('fastdata_cold_vs_store_ceiling', 0):.2f}x the "
+            "per-sample store ceiling"
+        )
     if "transfer_check_ratio" in limits:
         console.print(
             f"transfer checks (verify_transfers='auto': MD5 of single-part ETags on plain "

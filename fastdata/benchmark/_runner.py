@@ -157,7 +157,7 @@ def _measure_all(
     if len(index) != config.samples:
         raise RuntimeError(f"the index holds {len(index)} samples, {config.samples} written")
     requests = _limits.sample_requests(index, ids)
-    limits = _store_limits(config, data, requests, say)
+    limits = _store_limits(config, data, requests, say, index)
     say("memcpy bandwidth")
     limits["memcpy_gb_per_s"] = _limits.memcpy_gb_per_s(
         _QUICK_MEMCPY_BYTES if config.quick else _MEMCPY_BYTES
@@ -227,7 +227,11 @@ def _measure_all(
 
 
 def _store_limits(
-    config: BenchConfig, data: BenchData, requests: list[Any], say: Callable[[str], None]
+    config: BenchConfig,
+    data: BenchData,
+    requests: list[Any],
+    say: Callable[[str], None],
+    index: Any = None,
 ) -> dict[str, Any]:
     concurrencies = (32,) if config.quick else (16, 32, 64, 128)
     say(f"store ceiling: Store.get_many at concurrency {', '.join(map(str, concurrencies))}")
@@ -256,7 +260,26 @@ def _store_limits(
     latency = _limits.get_latency_ms(
         data.url, data.storage_options, requests, 20 if config.quick else 200
     )
+    ranges: dict[str, Any] = {}
+    if config.layout == "packed":
+        range_c = (8,) if config.quick else (8, 16, 32)
+        say(f"range ceiling: 8 MiB ranges of every shard at concurrency {range_c}")
+        by_range = _limits.store_ceiling(
+            data.url,
+            data.storage_options,
+            _limits.range_requests(index),
+            payload_bytes=config.dataset_bytes,
+            concurrencies=range_c,
+        )
+        best_range = max(by_range, key=by_range.__getitem__)
+        ranges = {
+            "range_get_mb_per_s": by_range[best_range],
+            "range_best_concurrency": best_range,
+            "range_sweep_mb_per_s": {str(c): v for c, v in by_range.items()},
+            "range_bytes": _limits.RANGE_BYTES,
+        }
     return {
+        **ranges,
         "store_get_mb_per_s": full[best],
         "store_best_concurrency": best,
         "store_sweep_mb_per_s": {str(c): v for c, v in by_c.items()},

@@ -14,7 +14,10 @@ after sorting by start, a unit ends where the next range starts past the current
 A layout whose rows share ranges says so with a class attribute ``shares_ranges = True``
 (read with ``getattr(layout, "shares_ranges", False)``): the index then keeps the rows of a
 fetched range that a call did not ask for until they are asked for (NOTE[shared-ranges] in
-``fastdata/index.py``), and the epoch plan walks such ranges as its shards.
+``fastdata/layouts/ranges.py``), and the epoch plan walks such ranges as its shards.
+A layout of disjoint rows may say ``chunk_bytes = N`` instead: its rows are then read in
+chunks of about ``N`` bytes of consecutive samples, treated as shared ranges
+(NOTE[shard-chunks] in ``fastdata/layouts/ranges.py``).
 """
 
 from __future__ import annotations

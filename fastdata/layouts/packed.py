@@ -32,6 +32,7 @@ from fastdata.layouts.base import (
     empty_rows,
     scan_with_reuse,
 )
+from fastdata.layouts.ranges import CHUNK_BYTES
 from fastdata.store import ByteRange, ObjectInfo, Store
 
 __all__ = [
@@ -194,6 +195,8 @@ class PackedLayout:
     default_pattern: ClassVar[str] = f"**/*{EXTENSION}"
 
     aux_is_content: ClassVar[bool] = True
+    chunk_bytes: ClassVar[int] = CHUNK_BYTES
+    """A cold read fetches whole chunks of a shard (NOTE[shard-chunks])."""
 
     def record_options(self) -> dict[str, Any]:
         """None: a packed record is stored as it is."""

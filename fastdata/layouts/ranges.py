@@ -16,6 +16,19 @@ plus a per-row overhead); beyond it the oldest ranges are dropped, and their row
 fetched again when asked for. When dropping outpaces serving (a cold ``shuffle="global"``
 epoch over more data than the budget), keeping is switched off for the process, with one
 warning, so that a random order does not decode whole row groups for nothing.
+
+NOTE[shard-chunks]: packed and tar shards have no shared ranges of their own, but reading
+them a sample at a time costs a request per sample, bounded by the store's per-request
+ceiling rather than by its range ceiling (issue 15: 373 GETs for a cold epoch of 400
+samples in 8 shards). A layout that says ``chunk_bytes = CHUNK_BYTES`` (a class attribute)
+is read in *chunks*: runs of consecutive samples of one object whose first bytes lie in
+the same ``chunk_bytes``-aligned window of the object (``SampleIndex._ranges``), a sample
+larger than ``chunk_bytes`` being a chunk of its own, so a chunk never splits a sample and
+spans at most twice ``chunk_bytes`` (or its one large sample). The index
+treats a chunk like a row group: it fetches the whole chunk in one ranged GET, decodes
+every sample of it and keeps the ones not asked for here, and the default shuffle walks
+chunks (NOTE[row-group-walk] in ``fastdata/spec.py``). Only the *read* depends on what is
+kept; the order never does.
 """
 
 from __future__ import annotations
@@ -26,12 +39,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SHARED_RANGE_BYTES", "SharedRanges"]
+__all__ = ["CHUNK_BYTES", "CHUNK_STOP_RATIO", "SHARED_RANGE_BYTES", "SharedRanges"]
 
 logger = logging.getLogger(__name__)
 
 SHARED_RANGE_BYTES = 1024**3
 """Default budget of the rows kept per index and process."""
+CHUNK_BYTES = 8 * 1024**2
+"""Fetch chunk of packed and tar shards (NOTE[shard-chunks]): the range size at which the
+store reaches its throughput ceiling (``fastdata bench``'s 8 MiB-range limit)."""
+CHUNK_STOP_RATIO = 4.0
+"""``stop_ratio`` of chunks: fetching a whole chunk for the few rows a process reads of it
+pays while the range ceiling over the per-request ceiling (about 5 to 6 for 100 KiB
+samples in issue 15's runs) exceeds the bytes fetched per byte read. DataLoader worker
+processes each read 1/K of a window's rows (K - 1 dropped per row read), as does a cache
+that already holds most samples; beyond 4 a chunk's rows are read one by one instead."""
 ROW_OVERHEAD_BYTES = 256
 """Added to each kept row's estimate (the dict and its Python objects)."""
 _MIN_DROPPED_TO_STOP = 64
@@ -56,11 +78,22 @@ class SharedRanges:
     Args:
         budget: Bytes of kept rows at most (estimated).
         what: Names the dataset in the warning.
+        kind: What a range is, for the warning (``"Parquet row groups"``).
+        stop_ratio: Keeping stops once more than this many rows were dropped unread per
+            row served from a kept range (and at least ``_MIN_DROPPED_TO_STOP``).
     """
 
-    def __init__(self, budget: int = SHARED_RANGE_BYTES, what: str = "") -> None:
+    def __init__(
+        self,
+        budget: int = SHARED_RANGE_BYTES,
+        what: str = "",
+        kind: str = "Parquet row groups",
+        stop_ratio: float = 1.0,
+    ) -> None:
         self.budget = budget
         self.what = what
+        self.kind = kind
+        self.stop_ratio = stop_ratio
         self._lock = threading.Lock()
         self._ranges: dict[int, _Range] = {}  # insertion order = age
         self._bytes = 0
@@ -189,17 +222,23 @@ class SharedRanges:
             kept = self._ranges.pop(oldest)
             self._bytes -= kept.nbytes
             self.dropped += len(kept.rows)
-        if self.keeping and self.dropped >= _MIN_DROPPED_TO_STOP and self.dropped > self.served:
+        if (
+            self.keeping
+            and self.dropped >= _MIN_DROPPED_TO_STOP
+            and self.dropped > self.stop_ratio * self.served
+        ):
             self.keeping = False
             for rid in [r for r, k in self._ranges.items() if k.ready.is_set()]:
                 self._bytes -= self._ranges.pop(rid).nbytes
             logger.warning(
-                "%s: rows of fetched Parquet row groups are dropped unread faster than they are "
-                "read (%d dropped, %d read), so this process stops keeping them and a row "
-                "group is fetched once per batch that needs it. The epoch order does not walk "
-                "row groups (shuffle='global' on a cold source?): warm the cache first "
-                "(`fastdata warm`), or use the default shuffle",
+                "%s: rows of fetched %s are dropped unread faster than they are read (%d "
+                "dropped, %d read), so this process stops keeping them and each batch "
+                "fetches what it needs by itself. The epoch order does not walk them "
+                "(shuffle='global' on a cold source larger than the %d MiB kept?): warm the "
+                "cache first (`fastdata warm`), or use the default shuffle",
                 self.what or "dataset",
+                self.kind,
                 self.dropped,
                 self.served,
+                self.budget // 1024**2,
             )

@@ -57,6 +57,7 @@ from fastdata.layouts.base import (
     empty_rows,
     scan_with_reuse,
 )
+from fastdata.layouts.ranges import CHUNK_BYTES
 from fastdata.store import ByteRange, ObjectInfo, Store, glob_to_regex
 
 __all__ = ["SIDECAR_SUFFIX", "TarLayout", "split_member_name", "walk_shard", "write_tar_index"]
@@ -461,6 +462,8 @@ class TarLayout:
             )
 
     aux_is_content: ClassVar[bool] = True
+    chunk_bytes: ClassVar[int] = CHUNK_BYTES
+    """A cold read fetches whole chunks of a shard (NOTE[shard-chunks])."""
 
     def record_options(self) -> dict[str, Any]:
         """Every setting: each one changes what a record holds."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fastdata.benchmark import BenchConfig, config_from_flags
@@ -251,3 +253,60 @@ def test_host_info_says_at_debug_what_it_could_not_read(
     messages = " ".join(r.getMessage() for r in caplog.records)
     assert "/proc/cpuinfo" in messages
     assert "memory size unknown" in messages
+
+
+def test_packed_cold_is_compared_with_the_8_mib_range_ceiling() -> None:
+    config = BenchConfig(samples=1024, layout="packed")
+    systems = {
+        "baseline_w0": _run(1024, 4.0, 1.0, [1.0, 1.0, 1.0, 1.0]),
+        "baseline_w2": _run(1024, 2.0, 1.0, [1.0, 0.001, 1.0, 0.001]),
+        "fastdata_cold": _run(1024, 0.8, 0.3, [0.3, 0.1, 0.1, 0.1]),
+        "fastdata_warm": _run(1024, 0.1, 0.01, [0.01, 0.0001, 0.0001, 0.0001]),
+        "fastdata_hot": _run(1024, 0.02, 0.001, [0.001, 0.0001, 0.0001, 0.0001]),
+    }
+    cold_mb_s = 1024 * 102400 / 0.8 / 1e6
+    limits = {
+        "store_get_mb_per_s": cold_mb_s / 2.0,  # per-sample ranges: cold at 2x
+        "range_get_mb_per_s": cold_mb_s / 0.5,  # 8 MiB ranges: cold at 0.5x
+        "range_best_concurrency": 8,
+        "store_best_concurrency": 32,
+        "get_latency_ms": {"p50": 1.0, "p99": 2.0},
+        "lmdb_read_mb_per_s": 1.0,
+        "lmdb_read_hot_mb_per_s": 1.0,
+        "page_cache": "drop_caches",
+        "memcpy_gb_per_s": 10.0,
+    }
+    result = build_result(
+        config,
+        host={"cpu": "x", "cores": 2},
+        endpoint="test",
+        upload_s=1.0,
+        total_s=10.0,
+        open_s=0.1,
+        limits=limits,
+        systems=systems,
+    )
+    assert result["ratios"]["fastdata_cold_vs_limit"] == pytest.approx(0.5)
+    assert result["ratios"]["fastdata_cold_vs_store_ceiling"] == pytest.approx(2.0)
+    met = {t["target"]: t["met"] for t in result["targets"]}
+    assert not met["cold >= 0.8x 8 MiB-range ceiling"]
+
+
+def test_range_requests_cover_every_shard_in_8_mib_ranges(tmp_path: Path) -> None:
+    from fastdata.benchmark._limits import RANGE_BYTES, range_requests
+    from fastdata.index import save_index
+    from fastdata.layouts import ROW_DTYPE
+    from fastdata.store import ObjectInfo
+
+    sizes = [RANGE_BYTES * 2 + 5, 100]
+    rows = np.zeros(2, dtype=ROW_DTYPE)
+    rows["obj"], rows["offset"], rows["length"] = [0, 1], [64, 64], [10, 10]
+    objects = [ObjectInfo(f"{k}.fdpack", n, f"e{k}") for k, n in enumerate(sizes)]
+    index = save_index(str(tmp_path / "d"), objects, rows, layout="packed", cache_dir=tmp_path)
+    got = [(r.path, r.start, r.end, r.etag) for r in range_requests(index)]
+    assert got == [
+        ("0.fdpack", 0, RANGE_BYTES, "e0"),
+        ("0.fdpack", RANGE_BYTES, 2 * RANGE_BYTES, "e0"),
+        ("0.fdpack", 2 * RANGE_BYTES, 2 * RANGE_BYTES + 5, "e0"),
+        ("1.fdpack", 0, 100, "e1"),
+    ]

@@ -487,7 +487,15 @@ def test_packed_index_returns_zero_copy_raw_records(tmp_path: Path) -> None:
     flat = records[0] + records[1]
     assert all(isinstance(s, RawRecord) and isinstance(s.buffer, memoryview) for s in got)
     assert [bytes(s.buffer) for s in got] == [flat[41], flat[0], flat[1], flat[2], flat[46]]  # type: ignore[union-attr]
-    assert len(store.requests) == 3  # 0..2 are one run (gaps are padding); 41 and 46 are apart
+    # One GET per fetch chunk (NOTE[shard-chunks]): each shard is one chunk here, so 0..2
+    # (one run: the gaps are padding) and 41, 46 (apart) cost a request per shard.
+    assert len(store.requests) == 2
+    assert [(r.start, r.end) for r in store.requests] == [(64, 5095), (64, 7208)]
+    # The other records of those chunks were kept: reading them makes no request.
+    rest = [i for i in range(47) if i not in (41, 0, 1, 2, 46)]
+    again = index.read_samples(store, rest)
+    assert [bytes(s.buffer) for s in again] == [flat[i] for i in rest]  # type: ignore[union-attr]
+    assert len(store.requests) == 2
 
 
 # --- the unit planner ------------------------------------------------------------------------

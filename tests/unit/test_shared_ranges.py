@@ -110,3 +110,22 @@ def test_auto_walks_the_given_units_and_is_global_without_them() -> None:
     # A window of 20 positions touches at most 3 units of 10.
     units = walk.ids() // 10
     assert max(len(set(units[w : w + 20].tolist())) for w in range(0, 100, 20)) <= 3
+
+
+def test_chunks_keep_being_kept_while_a_few_rows_are_dropped_per_row_read() -> None:
+    """NOTE[shard-chunks]: a chunk is fetched whole only because it pays, and it pays
+    while at most ``stop_ratio`` rows are dropped unread per row read (DataLoader worker
+    processes each read 1/K of a window's rows); beyond that keeping stops."""
+
+    def run(stop_ratio: float) -> SharedRanges:
+        memo, fetch = SharedRanges(budget=3 * ROWS * 400, stop_ratio=stop_ratio), Fetcher()
+        for r in range(40):  # 3 of the 10 rows of each range are read (2 kept), 7 dropped
+            for i in range(3):
+                read(memo, [r * ROWS + i], fetch)
+        return memo
+
+    tolerant = run(4.0)
+    assert tolerant.keeping
+    assert tolerant.dropped >= 64
+    assert tolerant.dropped > tolerant.served
+    assert not run(1.0).keeping
