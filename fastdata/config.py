@@ -283,6 +283,11 @@ class CacheConfig:
     degraded_retry_s: float = 30.0
     """After the LMDB tier fails (cannot open, disk full), it falls through for this long
     before trying again."""
+    writeback_bytes: int = 256 * 1024**2
+    """Most record bytes read from the source that wait at once for their write into the
+    LMDB tier, done by one background thread per cache so delivery never waits for it
+    (NOTE[write-behind] in fastdata/cache/_writeback.py); when the queue is full the reading
+    thread writes itself. 0 writes in the reading thread, when its lease is closed."""
 
     def __post_init__(self) -> None:
         _require(
@@ -290,6 +295,10 @@ class CacheConfig:
             f"cache max_bytes must be at least 1 MiB, got {self.max_bytes}",
         )
         _require(self.ram_bytes >= 0, f"cache ram_bytes must not be negative, got {self.ram_bytes}")
+        _require(
+            self.writeback_bytes >= 0,
+            f"cache writeback_bytes must not be negative, got {self.writeback_bytes}",
+        )
         _require(
             self.min_free_bytes >= 0,
             f"cache min_free_bytes must not be negative, got {self.min_free_bytes}",

@@ -14,15 +14,18 @@ the owner's fetch fails, each waiter fetches the key itself, so every caller see
 own error, with its own traceback.
 
 NOTE[chain-writeback]: records read from the source are written into the tiers when the
-caller closes the lease, after the tier leases of that call are closed, never while
-they are open. An LMDB lease holds the environment's gate (NOTE[lmdb-gate] in
-``_lmdb_env.py``), and a write that needs a bigger map cannot wait for the resize while its
-own thread holds the gate: written under the lease, most records of a cold batch were
-rejected and the next epoch was not warm. A tier lease that found nothing is closed at
-once, before the source is read, so slow source reads do not hold the gate either.
-Waiters of a flight get the record from the owner directly (NOTE[singleflight]); a
-caller that reads the same key between the owner's fetch and its lease closing reads it
-from the source again (correct, only slower).
+caller closes the lease: the RAM tier in the caller's thread, the others by the cache's
+write-behind thread (NOTE[write-behind] in ``_writeback.py``; in the caller's thread too
+when its queue is full or ``CacheConfig.writeback_bytes`` is 0). Either way, after the
+tier leases of that call are closed, never while they are open. An LMDB lease holds the
+environment's gate (NOTE[lmdb-gate] in ``_lmdb_env.py``), and a write that needs a
+bigger map cannot wait for the resize while its own thread holds the gate: written under
+the lease, most records of a cold batch were rejected and the next epoch was not warm. A
+tier lease that found nothing is closed at once, before the source is read, so slow
+source reads do not hold the gate either. Waiters of a flight get the record from the
+owner directly (NOTE[singleflight]); a caller that reads the same key between the
+owner's fetch and its lease closing reads it from the source again (correct, only
+slower).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from fastdata import record
 from fastdata._fork import reset_in_forked_child
+from fastdata.cache._writeback import WriteBehind
 from fastdata.cache.lmdb_tier import LmdbTier
 from fastdata.cache.ram import RamTier
 from fastdata.cache.tier import (
@@ -65,6 +69,8 @@ __all__ = ["CacheStats", "ReadThroughCache", "SampleSource", "default_tiers"]
 _log = logging.getLogger(__name__)
 _FLIGHT_WAIT_S = 1.0
 _TRANSFER_ATTEMPTS = 4
+_CLOSE_FLUSH_S = 30.0
+"""How long ``close()`` waits for the write-behind queue to drain (NOTE[write-behind])."""
 
 
 @runtime_checkable
@@ -123,6 +129,12 @@ class CacheStats:
     corrupt_transfers: int = counter()
     """Records from the source that failed their checksum and were read again
     (NOTE[transfer-retry])."""
+    writeback_records: int = counter()
+    """Records the write-behind thread wrote (NOTE[write-behind])."""
+    writeback_errors: int = counter()
+    """Tier writes of the write-behind thread that failed (each one is logged)."""
+    writeback_inline: int = counter()
+    """Records the reading thread wrote itself because the write-behind queue was full."""
     source_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
     """Latency of ``source.read_samples`` plus encoding."""
 
@@ -208,6 +220,13 @@ class ReadThroughCache:
         self._stats = StatsRecorder(_COUNTERS, calls=("source",))
         # Tiers that have not recorded the dataset yet; a forked child registers again.
         self._unregistered = list(self.tiers)
+        # NOTE[write-behind]: a forked child gets an empty queue and no thread.
+        behind = [t for t in self.tiers if not isinstance(t, RamTier)]
+        limit = self.config.writeback_bytes
+        self._inline = [t for t in self.tiers if limit == 0 or isinstance(t, RamTier)]
+        self._writeback = WriteBehind(
+            behind if limit else [], limit, self._stats, name="fastdata-writeback"
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         return {"tiers": self._given_tiers, "source": self.source, "config": self.config}
@@ -264,10 +283,40 @@ class ReadThroughCache:
                 for lease in leases:
                     lease.close()
             finally:
-                for tier in self.tiers if writes else ():
-                    tier.put_many(writes)
+                if writes:
+                    self._write_back(writes)
 
         return Lease(buffers, release, unverified=any(lease.unverified for lease in leases))
+
+    def _write_back(self, writes: list[CacheItem]) -> None:
+        """Records from the source into the tiers (NOTE[chain-writeback])."""
+        for tier in self._inline:
+            tier.put_many(writes)
+        if self._writeback.submit(writes):
+            return
+        self._stats.add(writeback_inline=len(writes))
+        for tier in self.tiers:
+            if tier not in self._inline:
+                tier.put_many(writes)
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until every record read from the source so far is written into the tiers.
+
+        Leases closed before the call count; their writes may be done by the write-behind
+        thread (NOTE[write-behind]).
+
+        Args:
+            timeout_s: Most seconds to wait; ``None`` waits until done.
+
+        Returns:
+            ``True`` when everything is written, ``False`` when ``timeout_s`` ran out.
+
+        Raises:
+            ConfigError: ``timeout_s`` is negative.
+        """
+        if timeout_s is not None and not timeout_s >= 0:
+            raise ConfigError(f"flush timeout_s must be None or >= 0, got {timeout_s!r}")
+        return self._writeback.flush(timeout_s)
 
     def drop_corrupt(self, sample_ids: SampleIds) -> int:
         """Check the tiers' entries for these ids and drop the corrupt ones.
@@ -405,6 +454,13 @@ class ReadThroughCache:
                 for upper in self.tiers[:level]:
                     upper.put_many(items)
             pending = still
+        if pending:  # NOTE[write-behind]: a record still queued is served from the queue
+            queued = self._writeback.lookup(
+                [keys[i] for i in pending], [fingerprints[i] for i in pending]
+            )
+            for j, buf in queued.items():
+                buffers[pending[j]] = buf
+            pending = [i for j, i in enumerate(pending) if j not in queued]
         return pending
 
     def _fill_from_source(
@@ -562,7 +618,8 @@ class ReadThroughCache:
         )
 
     def close(self) -> None:
-        """Close every tier."""
+        """Finish the queued writes (at most 30 s, NOTE[write-behind]), then close every tier."""
+        self._writeback.close(_CLOSE_FLUSH_S)
         for tier in self._given_tiers:
             tier.close()
 

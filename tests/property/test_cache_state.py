@@ -47,6 +47,7 @@ class CacheMachine(RuleBasedStateMachine):
     def read(self, sample_ids: list[int]) -> None:
         with self.cache.get_many(sample_ids) as lease:
             got = [bytes(b) for b in lease.buffers]
+        assert self.cache.flush(timeout_s=30)  # NOTE[write-behind]: the write is done
         assert got == [make_record(i, self.model[i]) for i in sample_ids]
 
     @rule(sample_ids=ids)

@@ -37,8 +37,11 @@ def config(tmp_path: Path) -> CacheConfig:
 
 
 def records(cache: ReadThroughCache, ids: list[int]) -> list[bytes]:
+    """The records of ``ids``, with their write-back done (NOTE[write-behind])."""
     with cache.get_many(ids) as lease:
-        return [bytes(b) for b in lease.buffers]
+        out = [bytes(b) for b in lease.buffers]
+    assert cache.flush(timeout_s=30)
+    return out
 
 
 def test_fake_source_is_a_sample_source() -> None:
@@ -179,6 +182,7 @@ def _flip_lmdb_record_byte(tier: LmdbTier, sample_id: int) -> None:
 
 def _collated(cache: ReadThroughCache, ids: list[int]) -> list[dict[str, object]]:
     batch = cache.collate_many(ids)
+    assert cache.flush(timeout_s=30)  # NOTE[write-behind]: the records are in the tiers
     return [
         {"id": int(batch["id"][j]), "version": int(batch["version"][j]), "data": batch["data"][j]}
         for j in range(len(ids))

@@ -48,6 +48,7 @@ def test_cold_pass_that_grows_the_map_admits_every_record(tmp_path: Path) -> Non
     tier = LmdbTier(config)
     with ReadThroughCache([tier], source, config=config) as cache:
         _read_epoch(cache, list(range(700)), threads=4)
+        assert cache.flush(timeout_s=60)  # NOTE[write-behind]
         stats = tier.stats()
         assert stats.rejections == 0
         assert stats.entries == 700
@@ -65,6 +66,7 @@ def test_written_records_are_visible_once_the_lease_is_closed(tmp_path: Path) ->
         lease = cache.get_many(list(range(10)))
         assert [bytes(b) for b in lease.buffers] == [source.expected(i) for i in range(10)]
         lease.close()
+        assert cache.flush(timeout_s=30)  # NOTE[write-behind]
         assert tier.stats().entries == 10
         with cache.get_many(list(range(10))) as again:
             assert [bytes(b) for b in again.buffers] == [source.expected(i) for i in range(10)]

@@ -1,0 +1,124 @@
+"""Write-behind of source records (NOTE[write-behind] in fastdata/cache/_writeback.py)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from fastdata.cache import LmdbTier, ReadThroughCache
+from fastdata.cache.tier import CacheItem
+from fastdata.config import CacheConfig
+from fastdata.errors import ConfigError
+from tests.contracts.tier_contract import FakeSource
+
+
+class BlockingTier(LmdbTier):
+    """An LMDB tier whose put waits for ``release`` (a slow disk), counting its calls."""
+
+    def __init__(self, config: CacheConfig) -> None:
+        super().__init__(config)
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.puts = 0
+        self.fail = False
+
+    def put_many(self, items: Sequence[CacheItem]) -> int:
+        self.puts += 1
+        self.entered.set()
+        assert self.release.wait(30), "the test never released the put"
+        if self.fail:
+            raise OSError("disk on fire")
+        return super().put_many(items)
+
+
+def _config(tmp_path: Path, **kw: int) -> CacheConfig:
+    return CacheConfig(dir=str(tmp_path / "c"), ram_bytes=0, min_free_bytes=0, **kw)
+
+
+def _read(cache: ReadThroughCache, ids: list[int]) -> list[bytes]:
+    with cache.get_many(ids) as lease:
+        return [bytes(b) for b in lease.buffers]
+
+
+def test_delivery_does_not_wait_for_a_slow_tier_put_and_a_queued_key_is_served(
+    tmp_path: Path,
+) -> None:
+    source = FakeSource(20)
+    tier = BlockingTier(_config(tmp_path))
+    with ReadThroughCache([tier], source, config=_config(tmp_path)) as cache:
+        assert _read(cache, list(range(10))) == [source.expected(i) for i in range(10)]
+        assert tier.entered.wait(30)  # the writer is inside put_many, blocked
+        # The lease closed and the next reads return while the put is still blocked;
+        # the queued records are served from the queue, not read from the source again.
+        assert _read(cache, list(range(10))) == [source.expected(i) for i in range(10)]
+        assert source.reads == 1
+        assert _read(cache, [10, 11]) == [source.expected(10), source.expected(11)]
+        assert source.reads == 2
+        assert not cache.flush(timeout_s=0)
+        tier.release.set()
+        assert cache.flush(timeout_s=30)
+        assert tier.stats().entries == 12
+        assert cache.stats().writeback_records == 12
+
+
+def test_close_flushes_the_queue(tmp_path: Path) -> None:
+    source = FakeSource(20)
+    config = _config(tmp_path)
+    tier = BlockingTier(config)
+    cache = ReadThroughCache([tier], source, config=config)
+    _read(cache, list(range(5)))
+    assert tier.entered.wait(30)
+    tier.release.set()
+    cache.close()
+    assert cache.stats().writeback_records == 5
+    reopened = LmdbTier(config)
+    with ReadThroughCache([reopened], source, config=config) as again:
+        _read(again, list(range(5)))
+        assert source.reads == 1  # all five were written before close returned
+
+
+def test_a_full_queue_falls_back_to_writing_in_the_reading_thread(tmp_path: Path) -> None:
+    source = FakeSource(20)
+    config = _config(tmp_path, writeback_bytes=1)  # no batch fits: every write is inline
+    tier = BlockingTier(config)
+    tier.release.set()
+    with ReadThroughCache([tier], source, config=config) as cache:
+        _read(cache, list(range(4)))
+        # Written before the read returned, by this thread.
+        assert tier.puts == 1
+        assert tier.stats().entries == 4
+        stats = cache.stats()
+        assert (stats.writeback_inline, stats.writeback_records) == (4, 0)
+
+
+def test_a_writer_error_is_logged_and_counted_never_raised(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    source = FakeSource(20)
+    config = _config(tmp_path)
+    tier = BlockingTier(config)
+    tier.fail = True
+    tier.release.set()
+    with ReadThroughCache([tier], source, config=config) as cache:
+        assert _read(cache, [1, 2]) == [source.expected(1), source.expected(2)]
+        assert cache.flush(timeout_s=30)
+        assert cache.stats().writeback_errors == 1
+        assert "disk on fire" in caplog.text
+        assert _read(cache, [1, 2]) == [source.expected(1), source.expected(2)]
+        assert source.reads == 2  # not written: read again from the source
+
+
+def test_flush_checks_its_timeout(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    with ReadThroughCache([LmdbTier(config)], FakeSource(3), config=config) as cache:
+        assert cache.flush()
+        with pytest.raises(ConfigError, match="timeout_s"):
+            cache.flush(timeout_s=-1)
+
+
+def test_writeback_bytes_must_not_be_negative() -> None:
+    with pytest.raises(ConfigError, match="writeback_bytes"):
+        CacheConfig(writeback_bytes=-1)
