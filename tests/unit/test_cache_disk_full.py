@@ -109,6 +109,8 @@ def cold_epoch(cache: ReadThroughCache, source: FakeSource, batch: int = 16) -> 
             same += sum(
                 bytes(b) == source.expected(i) for i, b in zip(ids, lease.buffers, strict=True)
             )
+    # NOTE[write-behind]: the epoch's write-back is done before the caller looks at the tier.
+    assert cache.flush(timeout_s=60)
     return same
 
 

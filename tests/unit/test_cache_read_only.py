@@ -39,6 +39,7 @@ def warm(root: Path, source: FakeSource) -> None:
     with ReadThroughCache([LmdbTier(config)], source, config=config) as cache:
         with cache.get_many(list(range(len(source)))):
             pass
+        assert cache.flush(timeout_s=60)  # NOTE[write-behind]
         assert cache.stats().tiers[0].entries == len(source)
 
 

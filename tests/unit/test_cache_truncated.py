@@ -172,6 +172,7 @@ with ReadThroughCache([tier], source, config=config) as cache:
             with cache.get_many(ids) as lease:
                 bad += sum(bytes(b) != source.expected(i) for i, b in zip(ids, lease.buffers))
         hits.append(tier.stats().hits - before)
+        cache.flush(timeout_s=60)  # NOTE[write-behind]: the epoch is written back now
         print("ready", flush=True)
         if sys.stdin.readline().strip() != "go":
             break
