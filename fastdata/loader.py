@@ -26,11 +26,7 @@ shared memory written before torch asks them for it (docs/loader.md).
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import multiprocessing.context
-import multiprocessing.util
-import os
 import time
 import warnings
 import weakref
@@ -40,20 +36,19 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata import _workers
+from fastdata._cuda_copy import check_device, to_device
+from fastdata._loader_workers import WorkerProcesses, flatten
 from fastdata.dataset import (
     Dataset,
     OnError,
     SkippedBatch,
-    VarTensor,
     check_on_error,
-    close_open_datasets,
     distributed_world,
 )
 from fastdata.errors import ConfigError
-from fastdata.plan import EpochPlan, PlanConfig, PlanState
+from fastdata.plan import EpochPlan, PlanState
 
 __all__ = ["DataLoader", "LoaderStats"]
 
@@ -100,85 +95,6 @@ class LoaderStats:
     """Samples of this epoch left out under ``on_error="skip"`` (NOTE[bad-samples]);
     counted in this process (threads), so with worker processes it counts only
     batches lost whole."""
-
-
-class _WorkerStream(IterableDataset[Any]):
-    """What each DataLoader worker process iterates: its share of the rank's batches.
-
-    Persistent workers keep this object across epochs; every ``iter()`` reads where the
-    epoch starts (``position``: epoch and cursor, in shared memory) which the loader
-    writes before it asks the workers for the next epoch (NOTE[loader-epochs]). Each item
-    handed out is the batch (or sample); the worker's counters go to ``slots``
-    (NOTE[worker-stats]).
-    """
-
-    def __init__(
-        self,
-        dataset: Dataset,
-        plan_config: PlanConfig,
-        *,
-        position: Any,
-        slots: _workers.StatsSlots,
-        world: tuple[int, int],
-        collate_fn: Callable[[list[Any]], Any] | None,
-        unbatch: bool,
-        on_error: OnError | None = None,
-    ) -> None:
-        self.dataset = dataset
-        self.on_error = on_error
-        self.unbatch = unbatch
-        self.plan_config = plan_config
-        self.position = position
-        self.slots = slots
-        self.world = world
-        self.collate_fn = collate_fn
-
-    def __iter__(self) -> Iterator[Any]:
-        info = get_worker_info()
-        worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        epoch, cursor = int(self.position[0]), int(self.position[1])
-        world_size, rank = self.world
-        plan = self.dataset.plan(
-            epoch, self.plan_config, world_size=world_size, rank=rank, cursor=cursor
-        )
-        dataset = self.dataset
-        try:
-            with dataset.prefetch(
-                plan,
-                worker_id=worker_id,
-                num_workers=num_workers,
-                collate_fn=self.collate_fn,
-                unbatch=self.unbatch,
-                group=dataset.plan_config.batch_size if self.unbatch else 1,
-                on_error=self.on_error,
-            ) as batches:
-                for item in _flatten(batches) if self.unbatch else batches:
-                    self.slots.publish(worker_id, lambda: _process_stats(dataset))
-                    yield item
-        finally:
-            self.slots.publish(worker_id, lambda: _process_stats(dataset), force=True)
-
-
-def _process_stats(dataset: Dataset) -> dict[str, Any]:
-    runtime = dataset.current_runtime()
-    if runtime is None:
-        return {}
-    return {"cache": runtime.cache.stats().as_dict(), "store": asdict(runtime.store.stats())}
-
-
-class _WorkerInit:
-    """Runs first in every worker: die with the trainer (NOTE[worker-death]), close the
-    datasets at exit (NOTE[dataset-exit]), then the user's ``worker_init_fn``."""
-
-    def __init__(self, owner_pid: int, user_fn: Callable[[int], None] | None) -> None:
-        self.owner_pid = owner_pid
-        self.user_fn = user_fn
-
-    def __call__(self, worker_id: int) -> None:
-        _workers.watch_owner(self.owner_pid, close_open_datasets)
-        multiprocessing.util.Finalize(None, close_open_datasets, exitpriority=10)
-        if self.user_fn is not None:
-            self.user_fn(worker_id)
 
 
 class DataLoader:
@@ -295,7 +211,7 @@ class DataLoader:
                 "order, and state_dict() could then not resume exactly once; keep "
                 "in_order=True"
             )
-        self.device = _check_device(device)
+        self.device = check_device(device)
         seed = generator.initial_seed() if generator is not None else None
         self.plan_config = dataset.plan_config_for(
             # batch_size=None hands out single samples: the plan is then one sample per
@@ -328,9 +244,7 @@ class DataLoader:
         self._steps = 0
         self._samples = 0
         self._persistent = persistent_workers is not False
-        self._worker_loader: torch.utils.data.DataLoader[Any] | None = None
-        self._worker_position: Any = None
-        self._worker_slots: _workers.StatsSlots | None = None
+        self._workers: WorkerProcesses | None = None
         self._worker_start = ""
         self._picklable: bool | None = None
         self._prefetcher: Any = None
@@ -427,7 +341,7 @@ class DataLoader:
             )
         source = self._batches(plan, epoch, cursor)
         if self.device is not None and self.device.type == "cuda":
-            source = _to_device(source, self.device)
+            source = to_device(source, self.device)
         timed = self._timed(source)
         self._active = weakref.ref(timed)
         return timed
@@ -441,13 +355,25 @@ class DataLoader:
     def _batches(self, plan: EpochPlan, epoch: int, cursor: int) -> Iterator[Any]:
         if self.num_workers == 0:
             return self._thread_batches(plan)
-        loader = self._worker_loader
-        if loader is None:
-            loader = self._start_workers()
-        # NOTE[loader-epochs]: the workers read where this epoch starts when torch asks
-        # them for it, which iter() below does after this write.
-        self._worker_position[0], self._worker_position[1] = epoch, cursor
-        return iter(loader)
+        workers = self._workers
+        if workers is None or not workers.running:
+            workers = self._workers = WorkerProcesses(
+                {
+                    "dataset": self.dataset,
+                    "plan_config": self.plan_config,
+                    "world": (self.world_size, self.rank),
+                    "collate_fn": self.collate_fn,
+                    "unbatch": self.batch_size is None,
+                    "on_error": self.on_error,
+                },
+                num_workers=self.num_workers,
+                pin_memory=self.pin_memory,
+                persistent=self._persistent,
+                torch_kwargs=self._torch_kwargs,
+                picklable=self._workers_picklable,
+            )
+            self._worker_start = workers.start_method
+        return workers.epoch(epoch, cursor)
 
     def _workers_picklable(self) -> bool:
         if self._picklable is None:
@@ -456,48 +382,9 @@ class DataLoader:
             )
         return self._picklable
 
-    def _start_workers(self) -> torch.utils.data.DataLoader[Any]:
-        kwargs = {k: v for k, v in self._torch_kwargs.items() if v is not None}
-        context = kwargs.get("multiprocessing_context")
-        if context is None:
-            context, self._worker_start = _workers.start_context(self._workers_picklable())
-        elif isinstance(context, str):
-            context = multiprocessing.get_context(context)
-            self._worker_start = f"{context.get_start_method()}: multiprocessing_context"
-        else:
-            self._worker_start = f"{context.get_start_method()}: multiprocessing_context"
-        logger.debug("worker processes start with %s", self._worker_start)
-        self._worker_position = context.RawArray(ctypes.c_longlong, 2)
-        self._worker_slots = _workers.StatsSlots(context, self.num_workers)
-        stream = _WorkerStream(
-            self.dataset,
-            self.plan_config,
-            position=self._worker_position,
-            slots=self._worker_slots,
-            world=(self.world_size, self.rank),
-            collate_fn=self.collate_fn,
-            unbatch=self.batch_size is None,
-            on_error=self.on_error,
-        )
-        kwargs["multiprocessing_context"] = context
-        kwargs["persistent_workers"] = self._persistent
-        kwargs["worker_init_fn"] = _WorkerInit(os.getpid(), kwargs.get("worker_init_fn"))
-        loader = torch.utils.data.DataLoader(
-            stream,
-            batch_size=None,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
-            **kwargs,
-        )
-        self._worker_loader = loader
-        return loader
-
     def _stop_workers(self) -> None:
-        loader, self._worker_loader = self._worker_loader, None
-        iterator = getattr(loader, "_iterator", None)
-        if iterator is not None:
-            loader._iterator = None  # type: ignore[union-attr]
-            iterator._shutdown_workers()
+        if self._workers is not None:
+            self._workers.stop()
 
     def _thread_batches(self, plan: EpochPlan) -> Iterator[Any]:
         unbatch = self.batch_size is None
@@ -509,7 +396,7 @@ class DataLoader:
             on_error=self.on_error,
         )
         self._prefetcher = prefetcher
-        return _flatten(prefetcher) if unbatch else prefetcher
+        return flatten(prefetcher) if unbatch else prefetcher
 
     def _timed(self, source: Iterator[Any]) -> Generator[Any, None, None]:
         self._started_s = time.perf_counter()
@@ -640,10 +527,8 @@ class DataLoader:
             store = asdict(runtime.store.stats())
         if self.num_workers == 0 and self._prefetcher is not None:
             queue_depth = self._prefetcher.stats().ready_mean
-        if self.num_workers > 0 and self._worker_slots is not None:
-            parts = [p for p in self._worker_slots.read() if p]
-            cache = _workers.merge_stats([p["cache"] for p in parts])
-            store = _workers.merge_stats([p["store"] for p in parts])
+        if self.num_workers > 0 and self._workers is not None:
+            cache, store = self._workers.stats()
         plan = self._plan
         return LoaderStats(
             epoch=plan.order.epoch if plan is not None else self._epoch,
@@ -719,18 +604,6 @@ def _check_args(
         raise ConfigError(f"drop_last must be True or False, got {drop_last!r}")
 
 
-def _check_device(device: str | torch.device | None) -> torch.device | None:
-    if device is None:
-        return None
-    try:
-        resolved = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ConfigError(f"device {device!r} is not a torch device") from exc
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device={device!r} but torch sees no CUDA device")
-    return resolved
-
-
 def _batch_len(batch: Any) -> int:
     """Samples in what the loader hands out (1 for a single sample or an opaque object)."""
     if isinstance(batch, dict) and batch:
@@ -743,78 +616,6 @@ def _batch_len(batch: Any) -> int:
     if shape is not None:
         return int(shape[0]) if len(shape) else 1
     return len(first) if isinstance(first, list | tuple) else 1
-
-
-def _flatten(sample_lists: Iterator[list[Any]]) -> Iterator[Any]:
-    try:
-        for samples in sample_lists:
-            yield from samples
-    finally:
-        close = getattr(sample_lists, "close", None)
-        if close is not None:
-            close()
-
-
-def _move(value: Any, device: torch.device) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=True)
-    if isinstance(value, VarTensor):
-        return value.to(device, non_blocking=True)
-    if isinstance(value, dict):
-        return {k: _move(v, device) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_move(v, device) for v in value)
-    return value
-
-
-def _to_device(source: Iterator[Any], device: torch.device) -> Iterator[Any]:
-    """Copy each batch on a side stream while the loop computes on the previous one.
-
-    The host batch (a view of a pinned pool buffer) stays referenced until its copy has
-    finished, so the pool cannot hand its buffer out again while the GPU still reads it.
-    """
-    stream = torch.cuda.Stream(device=device)
-    pending: tuple[Any, torch.cuda.Event, Any] | None = None
-    try:
-        for host in source:
-            with torch.cuda.stream(stream):
-                moved = _move(host, device)
-                event = torch.cuda.Event()
-                event.record(stream)
-            if pending is not None:
-                yield _finish(pending)
-            pending = (moved, event, host)
-        if pending is not None:
-            yield _finish(pending)
-            pending = None
-    finally:
-        close = getattr(source, "close", None)
-        if close is not None:
-            close()
-
-
-def _finish(pending: tuple[Any, torch.cuda.Event, Any]) -> Any:
-    moved, event, host = pending
-    stream = torch.cuda.current_stream()
-    stream.wait_event(event)
-    # The copies were allocated on the side stream: tell the caching allocator they are
-    # used on the compute stream too, or their memory could be handed to the next copy
-    # while kernels queued on the compute stream still read it.
-    _record_stream(moved, stream)
-    event.synchronize()
-    del host
-    return moved
-
-
-def _record_stream(value: Any, stream: torch.cuda.Stream) -> None:
-    if isinstance(value, torch.Tensor | VarTensor):
-        value.record_stream(stream)
-    elif isinstance(value, dict):
-        for item in value.values():
-            _record_stream(item, stream)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            _record_stream(item, stream)
 
 
 def _serve_metrics(loader: DataLoader, port: int) -> Any:
