@@ -34,7 +34,6 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from fastdata import _workers
@@ -49,13 +48,13 @@ from fastdata.dataset import (
 )
 from fastdata.errors import ConfigError
 from fastdata.plan import EpochPlan, PlanState
+from fastdata.prefetch.meter import WaitMeter
 
 __all__ = ["DataLoader", "LoaderStats"]
 
 logger = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-_WAIT_WINDOW = 4096
 
 
 @dataclass(frozen=True)
@@ -128,9 +127,7 @@ class DataLoader:
     """
 
     # Set by _reset_timing, read by _timed (which comes first in this class).
-    _wait_total: float
-    _wait_max: float
-    _waits: list[float]
+    _waits: WaitMeter
 
     def __init__(
         self,
@@ -414,9 +411,7 @@ class DataLoader:
                     continue
                 now = time.perf_counter()
                 wait = now - before
-                self._wait_total += wait
-                self._wait_max = max(self._wait_max, wait)
-                self._waits[self._steps % _WAIT_WINDOW] = wait
+                self._waits.record(wait)
                 self._steps += 1
                 self._samples += _batch_len(batch)
                 self._last_s = now
@@ -433,9 +428,7 @@ class DataLoader:
         )
         self._started_s = 0.0
         self._last_s = 0.0
-        self._wait_total = 0.0
-        self._wait_max = 0.0
-        self._waits = [0.0] * _WAIT_WINDOW
+        self._waits = WaitMeter()
 
     # -- checkpoints (NOTE[loader-resume]) -----------------------------------------------
 
@@ -517,7 +510,7 @@ class DataLoader:
         """Data-wait (stall) times, throughput, and this process's cache and store counters."""
         self._need_fastdata("stats")
         steps = self._steps
-        window = np.array(self._waits[: min(steps, _WAIT_WINDOW)] or [0.0])
+        p50, p99 = self._waits.percentiles()
         elapsed = max(self._last_s - self._started_s, 0.0)
         cache = store = None
         queue_depth = 0.0
@@ -535,11 +528,11 @@ class DataLoader:
             steps=steps,
             samples=self._samples,
             elapsed_s=elapsed,
-            wait_s_total=self._wait_total,
-            wait_s_p50=float(np.percentile(window, 50)),
-            wait_s_p99=float(np.percentile(window, 99)),
-            wait_s_max=self._wait_max,
-            stall_fraction=self._wait_total / elapsed if elapsed > 0 else 0.0,
+            wait_s_total=self._waits.total_s,
+            wait_s_p50=p50,
+            wait_s_p99=p99,
+            wait_s_max=self._waits.max_s,
+            stall_fraction=self._waits.stall_fraction(elapsed),
             samples_per_s=self._samples / elapsed if elapsed > 0 else 0.0,
             queue_depth=queue_depth,
             cache=cache,
