@@ -31,13 +31,14 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict
+from typing import Any, cast
 
 import torch
 
 from fastdata import _workers
 from fastdata._cuda_copy import check_device, to_device
+from fastdata._loader_stats import CacheStatsDict, LoaderStats, StoreStatsDict
 from fastdata._loader_workers import WorkerProcesses, flatten
 from fastdata.dataset import (
     Dataset,
@@ -55,45 +56,6 @@ __all__ = ["DataLoader", "LoaderStats"]
 logger = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-
-
-@dataclass(frozen=True)
-class LoaderStats:
-    """What the training loop saw, plus the cache and store counters of this process."""
-
-    epoch: int
-    """Epoch of the current (or last) iteration."""
-    steps: int
-    """Batches handed out in that epoch."""
-    samples: int
-    """Samples handed out in that epoch."""
-    elapsed_s: float
-    """Seconds from the first request of the epoch to the last batch handed out."""
-    wait_s_total: float
-    """Seconds the loop spent waiting for data (inside ``next()``)."""
-    wait_s_p50: float
-    """Median per-step data wait (last 4096 steps)."""
-    wait_s_p99: float
-    """99th-percentile per-step data wait."""
-    wait_s_max: float
-    """Longest per-step data wait."""
-    stall_fraction: float
-    """``wait_s_total / elapsed_s``: the share of the loop's time spent waiting."""
-    samples_per_s: float
-    """Samples handed out per second of ``elapsed_s``."""
-    queue_depth: float
-    """Mean batches ready in the prefetcher when one was taken (threads only)."""
-    cache: dict[str, Any] | None
-    """``ReadThroughCache.stats().as_dict()`` of this process, or with worker processes
-    their counters added up (NOTE[worker-stats])."""
-    store: dict[str, Any] | None
-    """``Store.stats()`` of this process (or the workers' added up): requests, bytes."""
-    dropped_samples: int
-    """Samples of the epoch no rank reads (the documented tail, see docs/plan.md)."""
-    skipped_samples: int = 0
-    """Samples of this epoch left out under ``on_error="skip"`` (NOTE[bad-samples]);
-    counted in this process (threads), so with worker processes it counts only
-    batches lost whole."""
 
 
 class DataLoader:
@@ -512,12 +474,13 @@ class DataLoader:
         steps = self._steps
         p50, p99 = self._waits.percentiles()
         elapsed = max(self._last_s - self._started_s, 0.0)
-        cache = store = None
+        cache: CacheStatsDict | None = None
+        store: StoreStatsDict | None = None
         queue_depth = 0.0
         runtime = self.dataset.current_runtime() if self.num_workers == 0 else None
         if runtime is not None:
-            cache = runtime.cache.stats().as_dict()
-            store = asdict(runtime.store.stats())
+            cache = cast(CacheStatsDict, runtime.cache.stats().as_dict())
+            store = cast(StoreStatsDict, asdict(runtime.store.stats()))
         if self.num_workers == 0 and self._prefetcher is not None:
             queue_depth = self._prefetcher.stats().ready_mean
         if self.num_workers > 0 and self._workers is not None:
