@@ -58,7 +58,7 @@ from fastdata.batch import (
     check_on_error,
     split_batch,
 )
-from fastdata.config import CacheConfig, FastdataConfig, parse_size
+from fastdata.config import CacheConfig, FastdataConfig, check_int, parse_size
 from fastdata.errors import ConfigError, CorruptRecordError
 from fastdata.index import SampleIndex
 from fastdata.plan import EpochOrder, EpochPlan, PlanConfig, ShuffleMode
@@ -239,10 +239,9 @@ class Dataset(IterableDataset[Any]):
             ConfigError: ``sample_id`` is not an int.
             IndexError: ``sample_id`` is outside ``-len(self) .. len(self) - 1``.
         """
-        if isinstance(sample_id, bool) or not isinstance(sample_id, int | np.integer):
-            raise ConfigError(f"a sample id is an int, got {sample_id!r}")
+        number = check_int("sample id", sample_id, integral=True)
         size = len(self)
-        index = int(sample_id) + size if sample_id < 0 else int(sample_id)
+        index = number + size if number < 0 else number
         if not 0 <= index < size:
             raise IndexError(f"sample id {sample_id} is outside 0..{size - 1} of {self!r}")
         sample = split_batch(self.fetch_batch(np.array([index], dtype=np.int64)))[0]
@@ -263,8 +262,7 @@ class Dataset(IterableDataset[Any]):
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose order ``iter(dataset)`` follows (call it every epoch)."""
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-            raise ConfigError(f"epoch must be a non-negative int, got {epoch!r}")
+        check_int("epoch", epoch, 0)
         self.epoch = epoch
 
     def plan_config_for(

@@ -40,6 +40,7 @@ from fastdata import _workers
 from fastdata._cuda_copy import check_device, to_device
 from fastdata._loader_stats import CacheStatsDict, LoaderStats, StoreStatsDict
 from fastdata._loader_workers import WorkerProcesses, flatten
+from fastdata.config import check_int
 from fastdata.dataset import (
     Dataset,
     OnError,
@@ -182,19 +183,16 @@ class DataLoader:
             seed=seed,
         )
         default_world, default_rank = distributed_world()
-        self.world_size = default_world if world_size is None else world_size
-        self.rank = default_rank if rank is None else rank
-        if (
-            not isinstance(self.world_size, int)
-            or not isinstance(self.rank, int)
-            or isinstance(self.world_size, bool)
-            or isinstance(self.rank, bool)
-            or not 0 <= self.rank < self.world_size
-        ):
-            raise ConfigError(
-                "world_size must be a positive int and rank an int in 0..world_size-1, "
-                f"got world_size={world_size!r}, rank={rank!r}"
-            )
+        self.world_size = check_int(
+            "world_size", default_world if world_size is None else world_size, 1
+        )
+        self.rank = check_int(
+            "rank",
+            default_rank if rank is None else rank,
+            0,
+            self.world_size - 1,
+            hint=f" (rank < world_size={self.world_size})",
+        )
         # NOTE[loader-epochs]: without a plan, the next iter() starts at (_epoch,
         # _resume_cursor); with one, where its first _steps batches end.
         self._epoch = 0
@@ -238,8 +236,7 @@ class DataLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Start the next iteration at ``epoch`` (each ``iter()`` otherwise advances by one)."""
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-            raise ConfigError(f"epoch must be a non-negative int, got {epoch!r}")
+        check_int("epoch", epoch, 0)
         self._need_fastdata("set_epoch")
         self._close_active()
         self._plan, self._steps = None, 0
@@ -548,12 +545,9 @@ def _check_args(
             "a fastdata.Dataset plans its own order (shuffle, ranks, resume): sampler and "
             "batch_sampler are not supported; use shuffle= and generator= (or seed=)"
         )
-    if batch_size is not None and (
-        not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1
-    ):
-        raise ConfigError(f"batch_size must be a positive int or None, got {batch_size!r}")
-    if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
-        raise ConfigError(f"num_workers must be a non-negative int, got {num_workers!r}")
+    if batch_size is not None:
+        check_int("batch_size", batch_size, 1, hint="; or None for single samples")
+    check_int("num_workers", num_workers, 0)
     if collate_fn is not None and not callable(collate_fn):
         raise ConfigError(f"collate_fn must be callable, got {collate_fn!r}")
     if not isinstance(drop_last, bool):
@@ -575,8 +569,7 @@ def _batch_len(batch: Any) -> int:
 
 
 def _serve_metrics(loader: DataLoader, port: int) -> Any:
-    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
-        raise ConfigError(f"metrics_port must be a TCP port (0..65535), got {port!r}")
+    check_int("metrics_port", port, 0, 65535, hint=" (a TCP port)")
     try:
         from fastdata._metrics import serve_loader_metrics
     except ImportError as exc:
