@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import asdict
@@ -38,6 +37,7 @@ import torch
 
 from fastdata import _workers
 from fastdata._cuda_copy import check_device, to_device
+from fastdata._loader_state import check_state, dump_state
 from fastdata._loader_stats import CacheStatsDict, LoaderStats, StoreStatsDict
 from fastdata._loader_workers import WorkerProcesses, flatten
 from fastdata.config import check_int
@@ -55,8 +55,6 @@ from fastdata.prefetch.meter import WaitMeter
 __all__ = ["DataLoader", "LoaderStats"]
 
 logger = logging.getLogger(__name__)
-
-STATE_VERSION = 1
 
 
 class DataLoader:
@@ -407,16 +405,7 @@ class DataLoader:
             state = PlanState(
                 epoch=epoch, cursor=cursor, num_samples=len(self.dataset), digest=order.digest
             )
-        return {
-            "version": STATE_VERSION,
-            "plan": state.to_dict(),
-            "dataset_id": self.dataset.index.dataset_id.hex(),
-            "dataset_fingerprint": self.dataset.index.fingerprint,
-            "batch_size": self.plan_config.batch_size,
-            "world_size": self.world_size,
-            "seed": self.plan_config.seed,
-            "shuffle": self.plan_config.shuffle,
-        }
+        return dump_state(state, self.dataset, self.plan_config, self.world_size)
 
     def load_state_dict(self, state: dict[str, Any], *, strict: bool = False) -> None:
         """Resume from :meth:`state_dict`: the next ``iter()`` continues that epoch.
@@ -429,34 +418,13 @@ class DataLoader:
             ConfigError: The state is malformed, or of another dataset, seed or shuffle.
         """
         self._need_fastdata("load_state_dict")
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            raise ConfigError(
-                f"not a fastdata loader state of version {STATE_VERSION}: {state!r:.200}"
-            )
-        index = self.dataset.index
-        if state.get("dataset_id") != index.dataset_id.hex():
-            raise ConfigError(
-                "the checkpoint belongs to another dataset (URL, layout or pattern differ): "
-                f"{state.get('dataset_id')} vs {index.dataset_id.hex()}"
-            )
-        for key in ("seed", "shuffle"):
-            if state.get(key) != getattr(self.plan_config, key):
-                raise ConfigError(
-                    f"the checkpoint was taken with {key}={state.get(key)!r}, this loader has "
-                    f"{key}={getattr(self.plan_config, key)!r}; resume with the same {key}"
-                )
-        if state.get("dataset_fingerprint") != index.fingerprint:
-            message = (
-                f"the dataset at {index.url} changed since the checkpoint (source fingerprint "
-                f"{state.get('dataset_fingerprint')} -> {index.fingerprint}); resumed samples "
-                "may differ from the original run"
-            )
-            if strict:
-                raise ConfigError(message + "; pass strict=False to resume anyway")
-            warnings.warn(message, stacklevel=2)
-        plan_state = PlanState.from_dict(state["plan"])
-        order = self.dataset.order(plan_state.epoch, self.plan_config)
-        EpochPlan.from_state(plan_state, order, world_size=self.world_size, rank=self.rank)
+        plan_state = check_state(
+            state,
+            self.dataset,
+            self.plan_config,
+            world=(self.world_size, self.rank),
+            strict=strict,
+        )
         self._close_active()
         self._epoch = plan_state.epoch
         self._resume_cursor = plan_state.cursor
