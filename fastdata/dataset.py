@@ -48,6 +48,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata._fork import reset_in_forked_child, this_process
 from fastdata._runtime import DatasetRuntime
+from fastdata._sample_fetch import grouped, make_fetch
 from fastdata.batch import (
     ID_KEY,
     Batch,
@@ -58,7 +59,7 @@ from fastdata.batch import (
     check_on_error,
     split_batch,
 )
-from fastdata.config import CacheConfig, FastdataConfig, parse_size
+from fastdata.config import CacheConfig, FastdataConfig, check_int, parse_size
 from fastdata.errors import ConfigError, CorruptRecordError
 from fastdata.index import SampleIndex
 from fastdata.plan import EpochOrder, EpochPlan, PlanConfig, ShuffleMode
@@ -253,10 +254,9 @@ class Dataset(IterableDataset[Any]):
             ConfigError: ``sample_id`` is not an int.
             IndexError: ``sample_id`` is outside ``-len(self) .. len(self) - 1``.
         """
-        if isinstance(sample_id, bool) or not isinstance(sample_id, int | np.integer):
-            raise ConfigError(f"a sample id is an int, got {sample_id!r}")
+        number = check_int("sample id", sample_id, integral=True)
         size = len(self)
-        index = int(sample_id) + size if sample_id < 0 else int(sample_id)
+        index = number + size if number < 0 else number
         if not 0 <= index < size:
             raise IndexError(f"sample id {sample_id} is outside 0..{size - 1} of {self!r}")
         sample = split_batch(self.fetch_batch(np.array([index], dtype=np.int64)))[0]
@@ -277,8 +277,7 @@ class Dataset(IterableDataset[Any]):
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose order ``iter(dataset)`` follows (call it every epoch)."""
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-            raise ConfigError(f"epoch must be a non-negative int, got {epoch!r}")
+        check_int("epoch", epoch, 0)
         self.epoch = epoch
 
     def plan_config_for(
@@ -423,48 +422,16 @@ class Dataset(IterableDataset[Any]):
         unbatch: bool,
         on_error: OnError | None = None,
     ) -> Callable[[np.ndarray], Any]:
-        transform = self.transform
         policy = self.on_error if on_error is None else check_on_error(on_error)
-        if transform is None and collate_fn is None and not unbatch:
-            return lambda sample_ids: self.fetch_batch(sample_ids, on_error=policy)
-
-        def samples_of(sample_ids: np.ndarray) -> list[Any]:
-            batch = self.fetch_batch(sample_ids, on_error=policy)
-            if isinstance(batch, SkippedBatch):
-                return [batch] if unbatch else []
-            samples = split_batch(batch)
-            out: list[Any]
-            if transform is None:
-                out = list(samples)
-            else:
-                out = []
-                for sample in samples:
-                    try:
-                        out.append(transform(sample))
-                    except Exception as exc:
-                        sample_id = sample[ID_KEY]
-                        self.note_sample(exc, sample_id, "transforming")
-                        if policy == "raise":
-                            raise
-                        self._skip(sample_id, exc)
-                        if unbatch:  # keeps one item per planned step (NOTE[bad-samples])
-                            out.append(SkippedBatch([sample_id]))
-            if unbatch:
-                missing = len(sample_ids) - len(out)
-                out.extend(SkippedBatch([]) for _ in range(missing))
-            return out
-
-        if unbatch:
-            return samples_of
-        collate = collate_fn or torch.utils.data.default_collate
-
-        def collated(sample_ids: np.ndarray) -> Any:
-            samples = samples_of(sample_ids)
-            if not samples:
-                return SkippedBatch([int(i) for i in sample_ids])
-            return collate(samples)
-
-        return collated
+        return make_fetch(
+            lambda sample_ids: self.fetch_batch(sample_ids, on_error=policy),
+            transform=self.transform,
+            collate_fn=collate_fn,
+            unbatch=unbatch,
+            policy=policy,
+            note_sample=self.note_sample,
+            skip=self._skip,
+        )
 
     def prefetch(
         self,
@@ -503,7 +470,7 @@ class Dataset(IterableDataset[Any]):
 
         batches: Iterator[np.ndarray] = plan.batches_for_worker(worker_id, num_workers)
         if group > 1:
-            batches = _grouped(batches, group)
+            batches = grouped(batches, group)
         prefetcher = Prefetcher(
             batches,
             self._make_fetch(collate_fn, unbatch=unbatch, on_error=on_error),
@@ -546,18 +513,6 @@ def close_open_datasets() -> None:
 
 
 atexit.register(close_open_datasets)
-
-
-def _grouped(batches: Iterator[np.ndarray], group: int) -> Iterator[np.ndarray]:
-    """Concatenate runs of ``group`` consecutive batches (the last run may be shorter)."""
-    run: list[np.ndarray] = []
-    for batch in batches:
-        run.append(batch)
-        if len(run) == group:
-            yield np.concatenate(run)
-            run = []
-    if run:
-        yield np.concatenate(run)
 
 
 def distributed_world() -> tuple[int, int]:

@@ -26,159 +26,35 @@ shared memory written before torch asks them for it (docs/loader.md).
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import multiprocessing.context
-import multiprocessing.util
-import os
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict
+from typing import Any, cast
 
-import numpy as np
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata import _workers
+from fastdata._cuda_copy import check_device, to_device
+from fastdata._loader_state import check_state, dump_state
+from fastdata._loader_stats import CacheStatsDict, LoaderStats, StoreStatsDict
+from fastdata._loader_workers import WorkerProcesses, flatten
+from fastdata.config import check_int
 from fastdata.dataset import (
     Dataset,
     OnError,
     SkippedBatch,
-    VarTensor,
     check_on_error,
-    close_open_datasets,
     distributed_world,
 )
 from fastdata.errors import ConfigError
-from fastdata.plan import EpochPlan, PlanConfig, PlanState
+from fastdata.plan import EpochPlan, PlanState
+from fastdata.prefetch.meter import WaitMeter
 
 __all__ = ["DataLoader", "LoaderStats"]
 
 logger = logging.getLogger(__name__)
-
-STATE_VERSION = 1
-_WAIT_WINDOW = 4096
-
-
-@dataclass(frozen=True)
-class LoaderStats:
-    """What the training loop saw, plus the cache and store counters of this process."""
-
-    epoch: int
-    """Epoch of the current (or last) iteration."""
-    steps: int
-    """Batches handed out in that epoch."""
-    samples: int
-    """Samples handed out in that epoch."""
-    elapsed_s: float
-    """Seconds from the first request of the epoch to the last batch handed out."""
-    wait_s_total: float
-    """Seconds the loop spent waiting for data (inside ``next()``)."""
-    wait_s_p50: float
-    """Median per-step data wait (last 4096 steps)."""
-    wait_s_p99: float
-    """99th-percentile per-step data wait."""
-    wait_s_max: float
-    """Longest per-step data wait."""
-    stall_fraction: float
-    """``wait_s_total / elapsed_s``: the share of the loop's time spent waiting."""
-    samples_per_s: float
-    """Samples handed out per second of ``elapsed_s``."""
-    queue_depth: float
-    """Mean batches ready in the prefetcher when one was taken (threads only)."""
-    cache: dict[str, Any] | None
-    """``ReadThroughCache.stats().as_dict()`` of this process, or with worker processes
-    their counters added up (NOTE[worker-stats])."""
-    store: dict[str, Any] | None
-    """``Store.stats()`` of this process (or the workers' added up): requests, bytes."""
-    dropped_samples: int
-    """Samples of the epoch no rank reads (the documented tail, see docs/plan.md)."""
-    skipped_samples: int = 0
-    """Samples of this epoch left out under ``on_error="skip"`` (NOTE[bad-samples]);
-    counted in this process (threads), so with worker processes it counts only
-    batches lost whole."""
-
-
-class _WorkerStream(IterableDataset[Any]):
-    """What each DataLoader worker process iterates: its share of the rank's batches.
-
-    Persistent workers keep this object across epochs; every ``iter()`` reads where the
-    epoch starts (``position``: epoch and cursor, in shared memory) which the loader
-    writes before it asks the workers for the next epoch (NOTE[loader-epochs]). Each item
-    handed out is the batch (or sample); the worker's counters go to ``slots``
-    (NOTE[worker-stats]).
-    """
-
-    def __init__(
-        self,
-        dataset: Dataset,
-        plan_config: PlanConfig,
-        *,
-        position: Any,
-        slots: _workers.StatsSlots,
-        world: tuple[int, int],
-        collate_fn: Callable[[list[Any]], Any] | None,
-        unbatch: bool,
-        on_error: OnError | None = None,
-    ) -> None:
-        self.dataset = dataset
-        self.on_error = on_error
-        self.unbatch = unbatch
-        self.plan_config = plan_config
-        self.position = position
-        self.slots = slots
-        self.world = world
-        self.collate_fn = collate_fn
-
-    def __iter__(self) -> Iterator[Any]:
-        info = get_worker_info()
-        worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        epoch, cursor = int(self.position[0]), int(self.position[1])
-        world_size, rank = self.world
-        plan = self.dataset.plan(
-            epoch, self.plan_config, world_size=world_size, rank=rank, cursor=cursor
-        )
-        dataset = self.dataset
-        try:
-            with dataset.prefetch(
-                plan,
-                worker_id=worker_id,
-                num_workers=num_workers,
-                collate_fn=self.collate_fn,
-                unbatch=self.unbatch,
-                group=dataset.plan_config.batch_size if self.unbatch else 1,
-                on_error=self.on_error,
-            ) as batches:
-                for item in _flatten(batches) if self.unbatch else batches:
-                    self.slots.publish(worker_id, lambda: _process_stats(dataset))
-                    yield item
-        finally:
-            self.slots.publish(worker_id, lambda: _process_stats(dataset), force=True)
-
-
-def _process_stats(dataset: Dataset) -> dict[str, Any]:
-    runtime = dataset.current_runtime()
-    if runtime is None:
-        return {}
-    return {"cache": runtime.cache.stats().as_dict(), "store": asdict(runtime.store.stats())}
-
-
-class _WorkerInit:
-    """Runs first in every worker: die with the trainer (NOTE[worker-death]), close the
-    datasets at exit (NOTE[dataset-exit]), then the user's ``worker_init_fn``."""
-
-    def __init__(self, owner_pid: int, user_fn: Callable[[int], None] | None) -> None:
-        self.owner_pid = owner_pid
-        self.user_fn = user_fn
-
-    def __call__(self, worker_id: int) -> None:
-        _workers.watch_owner(self.owner_pid, close_open_datasets)
-        multiprocessing.util.Finalize(None, close_open_datasets, exitpriority=10)
-        if self.user_fn is not None:
-            self.user_fn(worker_id)
 
 
 class DataLoader:
@@ -212,9 +88,7 @@ class DataLoader:
     """
 
     # Set by _reset_timing, read by _timed (which comes first in this class).
-    _wait_total: float
-    _wait_max: float
-    _waits: list[float]
+    _waits: WaitMeter
 
     def __init__(
         self,
@@ -295,7 +169,7 @@ class DataLoader:
                 "order, and state_dict() could then not resume exactly once; keep "
                 "in_order=True"
             )
-        self.device = _check_device(device)
+        self.device = check_device(device)
         seed = generator.initial_seed() if generator is not None else None
         self.plan_config = dataset.plan_config_for(
             # batch_size=None hands out single samples: the plan is then one sample per
@@ -307,19 +181,16 @@ class DataLoader:
             seed=seed,
         )
         default_world, default_rank = distributed_world()
-        self.world_size = default_world if world_size is None else world_size
-        self.rank = default_rank if rank is None else rank
-        if (
-            not isinstance(self.world_size, int)
-            or not isinstance(self.rank, int)
-            or isinstance(self.world_size, bool)
-            or isinstance(self.rank, bool)
-            or not 0 <= self.rank < self.world_size
-        ):
-            raise ConfigError(
-                "world_size must be a positive int and rank an int in 0..world_size-1, "
-                f"got world_size={world_size!r}, rank={rank!r}"
-            )
+        self.world_size = check_int(
+            "world_size", default_world if world_size is None else world_size, 1
+        )
+        self.rank = check_int(
+            "rank",
+            default_rank if rank is None else rank,
+            0,
+            self.world_size - 1,
+            hint=f" (rank < world_size={self.world_size})",
+        )
         # NOTE[loader-epochs]: without a plan, the next iter() starts at (_epoch,
         # _resume_cursor); with one, where its first _steps batches end.
         self._epoch = 0
@@ -328,9 +199,7 @@ class DataLoader:
         self._steps = 0
         self._samples = 0
         self._persistent = persistent_workers is not False
-        self._worker_loader: torch.utils.data.DataLoader[Any] | None = None
-        self._worker_position: Any = None
-        self._worker_slots: _workers.StatsSlots | None = None
+        self._workers: WorkerProcesses | None = None
         self._worker_start = ""
         self._picklable: bool | None = None
         self._prefetcher: Any = None
@@ -365,8 +234,7 @@ class DataLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Start the next iteration at ``epoch`` (each ``iter()`` otherwise advances by one)."""
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-            raise ConfigError(f"epoch must be a non-negative int, got {epoch!r}")
+        check_int("epoch", epoch, 0)
         self._need_fastdata("set_epoch")
         self._close_active()
         self._plan, self._steps = None, 0
@@ -427,7 +295,7 @@ class DataLoader:
             )
         source = self._batches(plan, epoch, cursor)
         if self.device is not None and self.device.type == "cuda":
-            source = _to_device(source, self.device)
+            source = to_device(source, self.device)
         timed = self._timed(source)
         self._active = weakref.ref(timed)
         return timed
@@ -441,13 +309,25 @@ class DataLoader:
     def _batches(self, plan: EpochPlan, epoch: int, cursor: int) -> Iterator[Any]:
         if self.num_workers == 0:
             return self._thread_batches(plan)
-        loader = self._worker_loader
-        if loader is None:
-            loader = self._start_workers()
-        # NOTE[loader-epochs]: the workers read where this epoch starts when torch asks
-        # them for it, which iter() below does after this write.
-        self._worker_position[0], self._worker_position[1] = epoch, cursor
-        return iter(loader)
+        workers = self._workers
+        if workers is None or not workers.running:
+            workers = self._workers = WorkerProcesses(
+                {
+                    "dataset": self.dataset,
+                    "plan_config": self.plan_config,
+                    "world": (self.world_size, self.rank),
+                    "collate_fn": self.collate_fn,
+                    "unbatch": self.batch_size is None,
+                    "on_error": self.on_error,
+                },
+                num_workers=self.num_workers,
+                pin_memory=self.pin_memory,
+                persistent=self._persistent,
+                torch_kwargs=self._torch_kwargs,
+                picklable=self._workers_picklable,
+            )
+            self._worker_start = workers.start_method
+        return workers.epoch(epoch, cursor)
 
     def _workers_picklable(self) -> bool:
         if self._picklable is None:
@@ -456,48 +336,9 @@ class DataLoader:
             )
         return self._picklable
 
-    def _start_workers(self) -> torch.utils.data.DataLoader[Any]:
-        kwargs = {k: v for k, v in self._torch_kwargs.items() if v is not None}
-        context = kwargs.get("multiprocessing_context")
-        if context is None:
-            context, self._worker_start = _workers.start_context(self._workers_picklable())
-        elif isinstance(context, str):
-            context = multiprocessing.get_context(context)
-            self._worker_start = f"{context.get_start_method()}: multiprocessing_context"
-        else:
-            self._worker_start = f"{context.get_start_method()}: multiprocessing_context"
-        logger.debug("worker processes start with %s", self._worker_start)
-        self._worker_position = context.RawArray(ctypes.c_longlong, 2)
-        self._worker_slots = _workers.StatsSlots(context, self.num_workers)
-        stream = _WorkerStream(
-            self.dataset,
-            self.plan_config,
-            position=self._worker_position,
-            slots=self._worker_slots,
-            world=(self.world_size, self.rank),
-            collate_fn=self.collate_fn,
-            unbatch=self.batch_size is None,
-            on_error=self.on_error,
-        )
-        kwargs["multiprocessing_context"] = context
-        kwargs["persistent_workers"] = self._persistent
-        kwargs["worker_init_fn"] = _WorkerInit(os.getpid(), kwargs.get("worker_init_fn"))
-        loader = torch.utils.data.DataLoader(
-            stream,
-            batch_size=None,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
-            **kwargs,
-        )
-        self._worker_loader = loader
-        return loader
-
     def _stop_workers(self) -> None:
-        loader, self._worker_loader = self._worker_loader, None
-        iterator = getattr(loader, "_iterator", None)
-        if iterator is not None:
-            loader._iterator = None  # type: ignore[union-attr]
-            iterator._shutdown_workers()
+        if self._workers is not None:
+            self._workers.stop()
 
     def _thread_batches(self, plan: EpochPlan) -> Iterator[Any]:
         unbatch = self.batch_size is None
@@ -509,7 +350,7 @@ class DataLoader:
             on_error=self.on_error,
         )
         self._prefetcher = prefetcher
-        return _flatten(prefetcher) if unbatch else prefetcher
+        return flatten(prefetcher) if unbatch else prefetcher
 
     def _timed(self, source: Iterator[Any]) -> Generator[Any, None, None]:
         self._started_s = time.perf_counter()
@@ -527,9 +368,7 @@ class DataLoader:
                     continue
                 now = time.perf_counter()
                 wait = now - before
-                self._wait_total += wait
-                self._wait_max = max(self._wait_max, wait)
-                self._waits[self._steps % _WAIT_WINDOW] = wait
+                self._waits.record(wait)
                 self._steps += 1
                 self._samples += _batch_len(batch)
                 self._last_s = now
@@ -546,9 +385,7 @@ class DataLoader:
         )
         self._started_s = 0.0
         self._last_s = 0.0
-        self._wait_total = 0.0
-        self._wait_max = 0.0
-        self._waits = [0.0] * _WAIT_WINDOW
+        self._waits = WaitMeter()
 
     # -- checkpoints (NOTE[loader-resume]) -----------------------------------------------
 
@@ -568,16 +405,7 @@ class DataLoader:
             state = PlanState(
                 epoch=epoch, cursor=cursor, num_samples=len(self.dataset), digest=order.digest
             )
-        return {
-            "version": STATE_VERSION,
-            "plan": state.to_dict(),
-            "dataset_id": self.dataset.index.dataset_id.hex(),
-            "dataset_fingerprint": self.dataset.index.fingerprint,
-            "batch_size": self.plan_config.batch_size,
-            "world_size": self.world_size,
-            "seed": self.plan_config.seed,
-            "shuffle": self.plan_config.shuffle,
-        }
+        return dump_state(state, self.dataset, self.plan_config, self.world_size)
 
     def load_state_dict(self, state: dict[str, Any], *, strict: bool = False) -> None:
         """Resume from :meth:`state_dict`: the next ``iter()`` continues that epoch.
@@ -590,34 +418,13 @@ class DataLoader:
             ConfigError: The state is malformed, or of another dataset, seed or shuffle.
         """
         self._need_fastdata("load_state_dict")
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            raise ConfigError(
-                f"not a fastdata loader state of version {STATE_VERSION}: {state!r:.200}"
-            )
-        index = self.dataset.index
-        if state.get("dataset_id") != index.dataset_id.hex():
-            raise ConfigError(
-                "the checkpoint belongs to another dataset (URL, layout or pattern differ): "
-                f"{state.get('dataset_id')} vs {index.dataset_id.hex()}"
-            )
-        for key in ("seed", "shuffle"):
-            if state.get(key) != getattr(self.plan_config, key):
-                raise ConfigError(
-                    f"the checkpoint was taken with {key}={state.get(key)!r}, this loader has "
-                    f"{key}={getattr(self.plan_config, key)!r}; resume with the same {key}"
-                )
-        if state.get("dataset_fingerprint") != index.fingerprint:
-            message = (
-                f"the dataset at {index.url} changed since the checkpoint (source fingerprint "
-                f"{state.get('dataset_fingerprint')} -> {index.fingerprint}); resumed samples "
-                "may differ from the original run"
-            )
-            if strict:
-                raise ConfigError(message + "; pass strict=False to resume anyway")
-            warnings.warn(message, stacklevel=2)
-        plan_state = PlanState.from_dict(state["plan"])
-        order = self.dataset.order(plan_state.epoch, self.plan_config)
-        EpochPlan.from_state(plan_state, order, world_size=self.world_size, rank=self.rank)
+        plan_state = check_state(
+            state,
+            self.dataset,
+            self.plan_config,
+            world=(self.world_size, self.rank),
+            strict=strict,
+        )
         self._close_active()
         self._epoch = plan_state.epoch
         self._resume_cursor = plan_state.cursor
@@ -630,31 +437,30 @@ class DataLoader:
         """Data-wait (stall) times, throughput, and this process's cache and store counters."""
         self._need_fastdata("stats")
         steps = self._steps
-        window = np.array(self._waits[: min(steps, _WAIT_WINDOW)] or [0.0])
+        p50, p99 = self._waits.percentiles()
         elapsed = max(self._last_s - self._started_s, 0.0)
-        cache = store = None
+        cache: CacheStatsDict | None = None
+        store: StoreStatsDict | None = None
         queue_depth = 0.0
         runtime = self.dataset.current_runtime() if self.num_workers == 0 else None
         if runtime is not None:
-            cache = runtime.cache.stats().as_dict()
-            store = asdict(runtime.store.stats())
+            cache = cast(CacheStatsDict, runtime.cache.stats().as_dict())
+            store = cast(StoreStatsDict, asdict(runtime.store.stats()))
         if self.num_workers == 0 and self._prefetcher is not None:
             queue_depth = self._prefetcher.stats().ready_mean
-        if self.num_workers > 0 and self._worker_slots is not None:
-            parts = [p for p in self._worker_slots.read() if p]
-            cache = _workers.merge_stats([p["cache"] for p in parts])
-            store = _workers.merge_stats([p["store"] for p in parts])
+        if self.num_workers > 0 and self._workers is not None:
+            cache, store = self._workers.stats()
         plan = self._plan
         return LoaderStats(
             epoch=plan.order.epoch if plan is not None else self._epoch,
             steps=steps,
             samples=self._samples,
             elapsed_s=elapsed,
-            wait_s_total=self._wait_total,
-            wait_s_p50=float(np.percentile(window, 50)),
-            wait_s_p99=float(np.percentile(window, 99)),
-            wait_s_max=self._wait_max,
-            stall_fraction=self._wait_total / elapsed if elapsed > 0 else 0.0,
+            wait_s_total=self._waits.total_s,
+            wait_s_p50=p50,
+            wait_s_p99=p99,
+            wait_s_max=self._waits.max_s,
+            stall_fraction=self._waits.stall_fraction(elapsed),
             samples_per_s=self._samples / elapsed if elapsed > 0 else 0.0,
             queue_depth=queue_depth,
             cache=cache,
@@ -707,28 +513,13 @@ def _check_args(
             "a fastdata.Dataset plans its own order (shuffle, ranks, resume): sampler and "
             "batch_sampler are not supported; use shuffle= and generator= (or seed=)"
         )
-    if batch_size is not None and (
-        not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1
-    ):
-        raise ConfigError(f"batch_size must be a positive int or None, got {batch_size!r}")
-    if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
-        raise ConfigError(f"num_workers must be a non-negative int, got {num_workers!r}")
+    if batch_size is not None:
+        check_int("batch_size", batch_size, 1, hint="; or None for single samples")
+    check_int("num_workers", num_workers, 0)
     if collate_fn is not None and not callable(collate_fn):
         raise ConfigError(f"collate_fn must be callable, got {collate_fn!r}")
     if not isinstance(drop_last, bool):
         raise ConfigError(f"drop_last must be True or False, got {drop_last!r}")
-
-
-def _check_device(device: str | torch.device | None) -> torch.device | None:
-    if device is None:
-        return None
-    try:
-        resolved = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ConfigError(f"device {device!r} is not a torch device") from exc
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device={device!r} but torch sees no CUDA device")
-    return resolved
 
 
 def _batch_len(batch: Any) -> int:
@@ -745,81 +536,8 @@ def _batch_len(batch: Any) -> int:
     return len(first) if isinstance(first, list | tuple) else 1
 
 
-def _flatten(sample_lists: Iterator[list[Any]]) -> Iterator[Any]:
-    try:
-        for samples in sample_lists:
-            yield from samples
-    finally:
-        close = getattr(sample_lists, "close", None)
-        if close is not None:
-            close()
-
-
-def _move(value: Any, device: torch.device) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=True)
-    if isinstance(value, VarTensor):
-        return value.to(device, non_blocking=True)
-    if isinstance(value, dict):
-        return {k: _move(v, device) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_move(v, device) for v in value)
-    return value
-
-
-def _to_device(source: Iterator[Any], device: torch.device) -> Iterator[Any]:
-    """Copy each batch on a side stream while the loop computes on the previous one.
-
-    The host batch (a view of a pinned pool buffer) stays referenced until its copy has
-    finished, so the pool cannot hand its buffer out again while the GPU still reads it.
-    """
-    stream = torch.cuda.Stream(device=device)
-    pending: tuple[Any, torch.cuda.Event, Any] | None = None
-    try:
-        for host in source:
-            with torch.cuda.stream(stream):
-                moved = _move(host, device)
-                event = torch.cuda.Event()
-                event.record(stream)
-            if pending is not None:
-                yield _finish(pending)
-            pending = (moved, event, host)
-        if pending is not None:
-            yield _finish(pending)
-            pending = None
-    finally:
-        close = getattr(source, "close", None)
-        if close is not None:
-            close()
-
-
-def _finish(pending: tuple[Any, torch.cuda.Event, Any]) -> Any:
-    moved, event, host = pending
-    stream = torch.cuda.current_stream()
-    stream.wait_event(event)
-    # The copies were allocated on the side stream: tell the caching allocator they are
-    # used on the compute stream too, or their memory could be handed to the next copy
-    # while kernels queued on the compute stream still read it.
-    _record_stream(moved, stream)
-    event.synchronize()
-    del host
-    return moved
-
-
-def _record_stream(value: Any, stream: torch.cuda.Stream) -> None:
-    if isinstance(value, torch.Tensor | VarTensor):
-        value.record_stream(stream)
-    elif isinstance(value, dict):
-        for item in value.values():
-            _record_stream(item, stream)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            _record_stream(item, stream)
-
-
 def _serve_metrics(loader: DataLoader, port: int) -> Any:
-    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
-        raise ConfigError(f"metrics_port must be a TCP port (0..65535), got {port!r}")
+    check_int("metrics_port", port, 0, 65535, hint=" (a TCP port)")
     try:
         from fastdata._metrics import serve_loader_metrics
     except ImportError as exc:

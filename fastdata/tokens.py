@@ -62,6 +62,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from fastdata import record
 from fastdata._fork import reset_in_forked_child, this_process
 from fastdata._runtime import DatasetRuntime
+from fastdata._sample_fetch import grouped as _grouped
 from fastdata.cache import ReadThroughCache
 from fastdata.cache.tier import Lease
 from fastdata.config import FastdataConfig, parse_size
@@ -72,7 +73,6 @@ from fastdata.dataset import (
     Dataset,
     OnError,
     SkippedBatch,
-    _grouped,
     _merge_config,
     _shuffle_mode,
     check_on_error,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,7 +101,7 @@ class _Passes:
         self.dataset = dataset
         self.config = config
         self.epoch = first_epoch
-        self.cache: dict[str, Any] = {}
+        self.cache: Mapping[str, Any] = {}
         """``ReadThroughCache.stats().as_dict()`` after the last pass (this runtime's)."""
 
     def one(self, *, step_s: float = 0.0) -> PassResult:

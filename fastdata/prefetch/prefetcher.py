@@ -54,11 +54,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-import numpy as np
-
 from fastdata._fork import this_process
 from fastdata.config import PrefetchConfig
 from fastdata.errors import ConfigError, FastdataError
+from fastdata.prefetch.meter import WaitMeter
 
 __all__ = ["PrefetchStats", "Prefetcher"]
 
@@ -69,8 +68,6 @@ T = TypeVar("T")
 
 _POLL_S = 0.1
 """Longest single wait of any blocking call before it re-checks the stop event."""
-_WAIT_WINDOW = 4096
-"""Recent per-batch waits kept for the percentiles in :class:`PrefetchStats`."""
 _END = object()
 _names = itertools.count()
 
@@ -271,9 +268,7 @@ class Prefetcher(Generic[B, T]):
         # Stats (consumer thread only).
         self._first_s: float | None = None
         self._last_s = 0.0
-        self._wait_total = 0.0
-        self._wait_max = 0.0
-        self._waits = [0.0] * _WAIT_WINDOW
+        self._waits = WaitMeter()
         self._ready_total = 0
         self._fetch_total = 0.0
         self._top_up()
@@ -341,9 +336,7 @@ class Prefetcher(Generic[B, T]):
         end = time.perf_counter()
         wait = end - start
         self._last_s = end
-        self._wait_total += wait
-        self._wait_max = max(self._wait_max, wait)
-        self._waits[index % _WAIT_WINDOW] = wait
+        self._waits.record(wait)
         # A slot that is ok holds the batch the fetch made (a T); _wait_for cannot say so.
         return value  # type: ignore[no-any-return]
 
@@ -414,17 +407,16 @@ class Prefetcher(Generic[B, T]):
 
     def stats(self) -> PrefetchStats:
         """A snapshot of what the consumer saw so far."""
-        count = min(self._delivered, _WAIT_WINDOW)
-        recent = np.asarray(self._waits[:count]) if count else np.zeros(1)
+        p50, p99 = self._waits.percentiles()
         elapsed = self._last_s - self._first_s if self._first_s is not None else 0.0
         return PrefetchStats(
             batches_delivered=self._delivered,
-            wait_s_total=self._wait_total,
-            wait_s_max=self._wait_max,
-            wait_s_p50=float(np.percentile(recent, 50)),
-            wait_s_p99=float(np.percentile(recent, 99)),
+            wait_s_total=self._waits.total_s,
+            wait_s_max=self._waits.max_s,
+            wait_s_p50=p50,
+            wait_s_p99=p99,
             elapsed_s=max(elapsed, 0.0),
-            stall_fraction=self._wait_total / elapsed if elapsed > 0 else 0.0,
+            stall_fraction=self._waits.stall_fraction(elapsed),
             fetch_s_total=self._fetch_total,
             ready_mean=self._ready_total / self._delivered if self._delivered else 0.0,
             in_flight=self._submitted - self._delivered,

@@ -1,0 +1,96 @@
+"""What a prefetch thread runs for one planned batch: per-sample ``transform`` and
+``collate_fn`` over ``Dataset.fetch_batch``, with the bad-sample policy
+(NOTE[bad-samples] in ``fastdata/dataset.py``), and the grouping of planned batches.
+
+:func:`make_fetch` builds the function ``Dataset.prefetch`` hands its prefetcher; it
+knows the dataset only through the callables it is given, so it imports no dataset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastdata.batch import ID_KEY, Batch, OnError, SkippedBatch, split_batch
+
+__all__ = ["grouped", "make_fetch"]
+
+
+def make_fetch(
+    fetch_batch: Callable[[np.ndarray], Batch | SkippedBatch],
+    *,
+    transform: Callable[[Any], Any] | None,
+    collate_fn: Callable[[list[Any]], Any] | None,
+    unbatch: bool,
+    policy: OnError,
+    note_sample: Callable[[BaseException, int, str], None],
+    skip: Callable[[int, BaseException], None],
+) -> Callable[[np.ndarray], Any]:
+    """The fetch of one planned batch of sample ids.
+
+    Args:
+        fetch_batch: Reads a batch of ids (``Dataset.fetch_batch`` under ``policy``).
+        transform: The dataset's per-sample transform, if any.
+        collate_fn: Turns a list of (transformed) samples into a batch (default: torch's
+            ``default_collate``, used when there is a transform or a ``collate_fn``).
+        unbatch: Return a list of single samples (one item per planned sample: a
+            skipped one is a ``SkippedBatch``) instead of one batch.
+        policy: ``"raise"`` or ``"skip"`` for a sample whose transform fails.
+        note_sample: Adds the note naming a sample to its error (``Dataset.note_sample``).
+        skip: Records a skipped sample (id, error).
+    """
+    if transform is None and collate_fn is None and not unbatch:
+        return fetch_batch
+
+    def samples_of(sample_ids: np.ndarray) -> list[Any]:
+        batch = fetch_batch(sample_ids)
+        if isinstance(batch, SkippedBatch):
+            return [batch] if unbatch else []
+        samples = split_batch(batch)
+        out: list[Any]
+        if transform is None:
+            out = list(samples)
+        else:
+            out = []
+            for sample in samples:
+                try:
+                    out.append(transform(sample))
+                except Exception as exc:
+                    sample_id = sample[ID_KEY]
+                    note_sample(exc, sample_id, "transforming")
+                    if policy == "raise":
+                        raise
+                    skip(sample_id, exc)
+                    if unbatch:  # keeps one item per planned step (NOTE[bad-samples])
+                        out.append(SkippedBatch([sample_id]))
+        if unbatch:
+            missing = len(sample_ids) - len(out)
+            out.extend(SkippedBatch([]) for _ in range(missing))
+        return out
+
+    if unbatch:
+        return samples_of
+    collate = collate_fn or torch.utils.data.default_collate
+
+    def collated(sample_ids: np.ndarray) -> Any:
+        samples = samples_of(sample_ids)
+        if not samples:
+            return SkippedBatch([int(i) for i in sample_ids])
+        return collate(samples)
+
+    return collated
+
+
+def grouped(batches: Iterator[np.ndarray], group: int) -> Iterator[np.ndarray]:
+    """Concatenate runs of ``group`` consecutive batches (the last run may be shorter)."""
+    run: list[np.ndarray] = []
+    for batch in batches:
+        run.append(batch)
+        if len(run) == group:
+            yield np.concatenate(run)
+            run = []
+    if run:
+        yield np.concatenate(run)
