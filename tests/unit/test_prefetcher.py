@@ -88,8 +88,12 @@ def test_never_more_than_depth_batches_ahead_of_the_consumer() -> None:
                 delivered += 1  # batch i is in the consumer's hands
             time.sleep(0.0005 if i % 10 else 0.01)
             assert p.stats().in_flight <= 5
-    # Batches started but not yet delivered, i.e. ahead of the consumer.
-    assert worst <= 5
+    # Batches started but not yet counted as delivered. The count lags the hand-off by the
+    # batch the consumer holds between `next()` returning and `delivered += 1` (a worker
+    # may start batch i + depth the moment batch i is handed out; on a loaded machine that
+    # window is wide), so the bound is depth plus that one batch in hand. The prefetcher's
+    # own count above (`in_flight <= depth`) is exact.
+    assert worst <= 5 + 1
 
 
 def test_fetch_error_reaches_the_consumer_with_its_type_and_a_note() -> None:
