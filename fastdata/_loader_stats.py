@@ -34,6 +34,9 @@ class CacheStatsDict(TypedDict):
     source_bytes: int
     singleflight_waits: int
     corrupt_transfers: int
+    writeback_records: int
+    writeback_errors: int
+    writeback_inline: int
     source_latency: LatencyDict
 
 
