@@ -10,12 +10,12 @@ written); the cold figures from a small packed dataset on local disk.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from decode_bench import add_smoke_flags, write_settings_json  # a sibling script
 
 from fastdata.index import SampleIndex, save_index
 from fastdata.layouts import ROW_DTYPE
@@ -136,27 +136,19 @@ def cold_requests(samples: int, mean: int, batch: int) -> None:
             )
 
 
-def _write_json(args: argparse.Namespace) -> None:
-    """``--json PATH``: the settings of the run (the figures are printed above)."""
-    if args.json is not None:
-        settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-        args.json.write_text(json.dumps({"settings": settings}, indent=1))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--samples", type=int, default=100_000)
     parser.add_argument("--sample-kib", type=int, default=100)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--cold-samples", type=int, default=2000)
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (CI smoke)")
-    parser.add_argument("--json", type=Path, help="also write the settings run as JSON")
+    add_smoke_flags(parser)
     args = parser.parse_args()
     if args.quick:
         args.samples, args.sample_kib, args.cold_samples = 5_000, 20, 200
     order_stats(args.samples, args.sample_kib * 1024, args.batch)
     cold_requests(args.cold_samples, args.sample_kib * 1024, args.batch)
-    _write_json(args)
+    write_settings_json(args)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import shutil
 import sys
 import tempfile
@@ -26,6 +25,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from decode_bench import add_smoke_flags, write_settings_json  # a sibling script
 
 import fastdata
 from fastdata.benchmark import _limits
@@ -184,25 +185,17 @@ def one_pass(
         sampler.report()
 
 
-def _write_json(args: argparse.Namespace) -> None:
-    """``--json PATH``: the settings of the run (the figures are printed above)."""
-    if args.json is not None:
-        settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-        args.json.write_text(json.dumps({"settings": settings}, indent=1))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--samples", type=int, default=4096)
     parser.add_argument("--sample-kib", type=int, default=100)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--shard-samples", type=int, default=256)
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (CI smoke)")
-    parser.add_argument("--json", type=Path, help="also write the settings run as JSON")
+    add_smoke_flags(parser)
     args = parser.parse_args()
     if args.quick:
         args.samples, args.sample_kib, args.batch, args.shard_samples = 256, 20, 32, 64
-    _write_json(args)
+    write_settings_json(args)
     config = BenchConfig(
         samples=args.samples,
         sample_bytes=args.sample_kib * 1024,

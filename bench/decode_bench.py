@@ -226,6 +226,19 @@ def print_rows(rows: list[tuple[Any, ...]]) -> None:
         print("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)))
 
 
+def add_smoke_flags(parser: argparse.ArgumentParser) -> None:
+    """``--quick`` (tiny sizes, CI's smoke run) and ``--json PATH``, as every bench takes."""
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (CI smoke)")
+    parser.add_argument("--json", type=Path, help="also write the settings run as JSON")
+
+
+def write_settings_json(args: argparse.Namespace) -> None:
+    """``--json PATH`` of a bench that prints its figures: the settings it ran with."""
+    if args.json is not None:
+        settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+        args.json.write_text(json.dumps({"settings": settings}, indent=1))
+
+
 def bench_main(
     doc: str,
     build: Callable[[bool], dict[str, Any]],

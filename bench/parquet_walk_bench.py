@@ -7,7 +7,6 @@ permutation, and the bytes one cold epoch fetches from HF-style Parquet (docs/pl
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import tempfile
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from decode_bench import add_smoke_flags, write_settings_json  # a sibling script
 
 from fastdata.plan import EpochOrder, EpochPlan, PlanConfig
 
@@ -80,13 +80,6 @@ def cold_bytes(rows: int, group: int, batch: int) -> None:
             print(f"shuffle={shuffle!r}: {count} samples, {fetched / size:.2f}x the file bytes")
 
 
-def _write_json(args: argparse.Namespace) -> None:
-    """``--json PATH``: the settings of the run (the figures are printed above)."""
-    if args.json is not None:
-        settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-        args.json.write_text(json.dumps({"settings": settings}, indent=1))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=100_000)
@@ -94,14 +87,13 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=16384)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--cold-rows", type=int, default=20_000)
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (CI smoke)")
-    parser.add_argument("--json", type=Path, help="also write the settings run as JSON")
+    add_smoke_flags(parser)
     args = parser.parse_args()
     if args.quick:
         args.rows, args.window, args.cold_rows = 5_000, 2048, 2_000
     order_stats(args.rows, args.group, args.window, args.batch)
     cold_bytes(args.cold_rows, args.group, args.batch)
-    _write_json(args)
+    write_settings_json(args)
 
 
 if __name__ == "__main__":
