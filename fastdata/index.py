@@ -72,6 +72,7 @@ __all__ = [
     "SampleIndex",
     "normalize_url",
     "namespace_id",
+    "namespace_name",
     "open_index",
     "plan_units",
     "save_index",
@@ -604,8 +605,8 @@ class IndexSource:
 
     @property
     def name(self) -> str:
-        """``<url> @ <store identity>``: what ``fastdata stats`` shows for the namespace."""
-        return f"{self.index.url} @ {self.index.store_identity}"
+        """What ``fastdata stats`` shows for the namespace (:func:`namespace_name`)."""
+        return namespace_name(self.index.url, self.index.store_identity)
 
     def __len__(self) -> int:
         return len(self.index)
@@ -680,6 +681,12 @@ def _stable_repr(value: Any) -> str:
     if callable(value):
         return callable_identity(value)
     return repr(value)
+
+
+def namespace_name(url: str, identity: str) -> str:
+    """``<url> @ <store identity>``: how a cache namespace is registered and shown;
+    ``fastdata clear --dataset URL`` matches the part before `` @ ``."""
+    return f"{url} @ {identity}"
 
 
 def namespace_id(identity: str, url: str) -> bytes:

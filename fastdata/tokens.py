@@ -78,7 +78,7 @@ from fastdata.dataset import (
     check_on_error,
 )
 from fastdata.errors import ConfigError, CorruptRecordError
-from fastdata.index import SampleIndex, _mix, plan_units
+from fastdata.index import SampleIndex, _mix, namespace_name, plan_units
 from fastdata.plan import EpochOrder, EpochPlan, PlanConfig, ShuffleMode
 from fastdata.prefetch import Prefetcher
 from fastdata.spec import DatasetSpec
@@ -535,8 +535,8 @@ class BlockSource:
 
     @property
     def name(self) -> str:
-        """``<url> @ <store identity>``: what ``fastdata stats`` shows for the namespace."""
-        return f"{self.index.url} @ {self.index.store_identity}"
+        """What ``fastdata stats`` shows for the namespace (``index.namespace_name``)."""
+        return namespace_name(self.index.url, self.index.store_identity)
 
     def __len__(self) -> int:
         return self.index.num_chunks
