@@ -29,15 +29,35 @@ treats a chunk like a row group: it fetches the whole chunk in one ranged GET, d
 every sample of it and keeps the ones not asked for here, and the default shuffle walks
 chunks (NOTE[row-group-walk] in ``fastdata/spec.py``). Only the *read* depends on what is
 kept; the order never does.
+
+NOTE[range-readahead]: with one call in flight per batch, a cold walk of chunks (or row
+groups) keeps the store busy only part of the time: a batch fetches the ranges it needs
+and the next batch's fetch starts only when a prefetch thread is free (issue 15: 7 calls
+for 64 ranges, mostly one in flight, 0.64x the range ceiling with no cache at all). So
+the cache's hint (the planned samples of the next batches, in order) reaches the index,
+which tells :meth:`SharedRanges.plan_ahead` which ranges come next and in what order.
+The plan starts on the next :meth:`SharedRanges.read`, which is only ever called for
+samples the cache missed: a warm epoch never reads ahead. Two readahead threads then
+fetch the planned ranges that are neither kept nor being fetched, in plan order, a few
+per call, like a batch's own fetch (claimed, so a batch that needs one waits for it
+instead of fetching it again). Readahead is bounded: at most ``READAHEAD_RANGES``
+ranges in flight, and it stops while the kept rows and the ranges in flight would pass
+a quarter of the budget; it resumes as rows are read. A range is read ahead at most once
+per plan. A readahead that fails only gives up its claims: the batch that needs the
+range fetches it itself and sees its own error. Rows a plan fetched for samples the
+cache already held (a partly warm epoch) are dropped like any unread rows.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from fastdata._fork import reset_in_forked_child
 
 __all__ = ["CHUNK_BYTES", "CHUNK_STOP_RATIO", "SHARED_RANGE_BYTES", "SharedRanges"]
 
@@ -59,6 +79,14 @@ ROW_OVERHEAD_BYTES = 256
 _MIN_DROPPED_TO_STOP = 64
 """Rows dropped unread before keeping may be switched off."""
 _WAIT_S = 60.0
+READAHEAD_RANGES = 8
+"""Ranges in flight from readahead at most (NOTE[range-readahead]): the store's best
+concurrency for 8 MiB ranges (``fastdata bench``'s range ceiling is measured at 8 and 16)."""
+_READAHEAD_THREADS = 2
+"""Readahead threads; each fetches ``READAHEAD_RANGES // _READAHEAD_THREADS`` ranges per
+call, so one call's slowest range does not leave the store idle."""
+_READAHEAD_BUDGET_SHARE = 4
+"""Readahead pauses while kept rows plus ranges in flight exceed budget / this."""
 
 Fetch = Callable[[list[int]], dict[int, dict[int, tuple[Any, int]]]]
 """Fetches whole ranges: ``{range id: {sample id: (sample, estimated bytes)}}``."""
@@ -103,6 +131,46 @@ class SharedRanges:
         """Rows dropped unread (over budget)."""
         self.keeping = True
         """Whether fetched ranges are still kept (see the module docstring)."""
+        self.read_ahead = 0
+        """Ranges fetched by readahead (NOTE[range-readahead])."""
+        self._reset_ahead()
+        reset_in_forked_child(self)
+
+    def _reset_ahead(self) -> None:
+        self._plan: collections.deque[tuple[int, int]] = collections.deque()
+        self._plan_fetch: Fetch | None = None
+        self._armed = False
+        self._done: set[int] = set()
+        """Ranges fetched (on demand or ahead) since the plan was given."""
+        self._ahead_bytes = 0
+        self._ahead_threads = 0
+        self._room = threading.Condition(self._lock)
+
+    def _reset(self) -> None:
+        """A forked child starts empty (NOTE[fork]): the parent's threads, claims and
+        readahead do not exist here."""
+        self._lock = threading.Lock()
+        self._ranges = {}
+        self._bytes = 0
+        self._reset_ahead()
+
+    def plan_ahead(self, order: Sequence[tuple[int, int]], fetch: Fetch) -> None:
+        """Replace the readahead plan: ``(range id, estimated bytes)`` in the order the
+        ranges will be asked for; it starts on the next :meth:`read`
+        (NOTE[range-readahead]).
+
+        Args:
+            order: The ranges, each once, in order of first need.
+            fetch: Fetches whole ranges, as for :meth:`read`; a sample of a range that
+                does not decode is left out rather than failing the fetch.
+        """
+        with self._lock:
+            if not self.keeping:
+                return
+            self._plan = collections.deque(order)
+            self._plan_fetch = fetch
+            self._armed = False
+            self._done = set()
 
     def read(
         self,
@@ -128,6 +196,7 @@ class SharedRanges:
         mine: list[int] = []
         waits: list[tuple[int, _Range]] = []
         with self._lock:
+            self._done.update(want)
             for rid, sids in want.items():
                 kept = self._ranges.get(rid)
                 if kept is None:
@@ -138,6 +207,11 @@ class SharedRanges:
                     waits.append((rid, kept))
                 elif self._take(rid, kept, sids, out):
                     mine.append(rid)  # some rows were read before: fetch the range again
+            start = self._arm()
+        for _ in range(start):
+            threading.Thread(
+                target=self._read_ahead, name="fastdata-readahead", daemon=True
+            ).start()
         if mine:
             self._fill(mine, want, fetch, out)
         for rid, kept in waits:
@@ -147,6 +221,71 @@ class SharedRanges:
             if again:
                 self._fill([rid], want, fetch, out, keep=False)
         return out
+
+    def _arm(self) -> int:
+        """Start a pending plan (lock held): how many readahead threads to start."""
+        if self._armed or not self._plan or not self.keeping:
+            return 0
+        self._armed = True
+        start = _READAHEAD_THREADS - self._ahead_threads
+        self._ahead_threads += start
+        return start
+
+    def _next_ahead(self) -> tuple[list[int], int, Fetch] | None:
+        """Claim the next planned ranges for a readahead thread (lock held), waiting for
+        room; None when the plan is done (NOTE[range-readahead])."""
+        per_call = max(1, READAHEAD_RANGES // _READAHEAD_THREADS)
+        limit = max(1, self.budget // _READAHEAD_BUDGET_SHARE)
+        while True:
+            if not self._armed or not self.keeping or self._plan_fetch is None:
+                return None
+            while self._plan and (
+                self._plan[0][0] in self._ranges or self._plan[0][0] in self._done
+            ):
+                self._plan.popleft()
+            if not self._plan:
+                return None
+            if self._bytes + self._ahead_bytes <= limit:
+                break
+            if not self._room.wait(_WAIT_S):
+                return None
+        rids: list[int] = []
+        nbytes = 0
+        while self._plan and len(rids) < per_call:
+            rid, size = self._plan.popleft()
+            if rid in self._ranges or rid in self._done:
+                continue
+            if rids and self._bytes + self._ahead_bytes + nbytes + size > limit:
+                self._plan.appendleft((rid, size))
+                break
+            self._ranges[rid] = _Range()
+            self._done.add(rid)
+            rids.append(rid)
+            nbytes += size
+        self._ahead_bytes += nbytes
+        return rids, nbytes, self._plan_fetch
+
+    def _read_ahead(self) -> None:
+        """A readahead thread: fetch planned ranges until the plan is done."""
+        try:
+            while True:
+                with self._lock:
+                    job = self._next_ahead()
+                if job is None:
+                    return
+                rids, nbytes, fetch = job
+                try:
+                    self._fill(rids, {rid: [] for rid in rids}, fetch, {})
+                    with self._lock:
+                        self.read_ahead += len(rids)
+                except Exception:  # the batch that needs it fetches it again (see the NOTE)
+                    logger.debug("readahead of %s %s failed", self.kind, rids, exc_info=True)
+                finally:
+                    with self._lock:
+                        self._ahead_bytes -= nbytes
+        finally:
+            with self._lock:
+                self._ahead_threads -= 1
 
     def _take(self, rid: int, kept: _Range, sids: list[int], out: dict[int, Any]) -> bool:
         """Move ``sids`` out of ``kept`` into ``out`` (lock held); True if any is missing."""
@@ -165,6 +304,7 @@ class SharedRanges:
         if not kept.rows and kept.ready.is_set() and self._ranges.get(rid) is kept:
             del self._ranges[rid]
             self._bytes -= kept.nbytes
+        self._room.notify_all()
         return missing
 
     def _fill(
@@ -215,6 +355,7 @@ class SharedRanges:
 
     def _shrink(self) -> None:
         """Drop the oldest ready ranges while over budget (lock held)."""
+        self._room.notify_all()
         while self._bytes > self.budget:
             oldest = next((r for r, k in self._ranges.items() if k.ready.is_set()), None)
             if oldest is None:

@@ -129,3 +129,91 @@ def test_chunks_keep_being_kept_while_a_few_rows_are_dropped_per_row_read() -> N
     assert tolerant.dropped >= 64
     assert tolerant.dropped > tolerant.served
     assert not run(1.0).keeping
+
+
+# NOTE[range-readahead] -------------------------------------------------------------
+
+
+KEPT = ROWS * (100 + 256)  # a range's rows as kept: the fetcher's 100 B plus the overhead
+
+
+def plan(ranges: list[int]) -> list[tuple[int, int]]:
+    return [(r, KEPT) for r in ranges]
+
+
+def wait_for(condition: Any, what: str) -> None:
+    """Bounded wait on a count (readahead runs on its own threads)."""
+    done = threading.Event()
+    for _ in range(2000):
+        if condition():
+            return
+        done.wait(0.005)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_plan_is_read_ahead_once_after_the_first_read_and_served_from_memory() -> None:
+    memo, fetch = SharedRanges(), Fetcher()
+    memo.plan_ahead(plan([0, 1, 2, 3, 4, 5]), fetch)
+    assert fetch.calls == []  # a plan alone fetches nothing: a warm epoch never reads
+    assert read(memo, [0, 1], fetch) == [0, 1]  # the cache missed: the plan starts
+    wait_for(lambda: memo.read_ahead == 5, "five ranges read ahead")
+    fetched = sorted(r for call in fetch.calls for r in call)
+    assert fetched == [0, 1, 2, 3, 4, 5]  # each range once: range 0 by the read itself
+    calls = len(fetch.calls)
+    every = [i for i in range(2, 60)]
+    assert read(memo, every, fetch) == every
+    assert len(fetch.calls) == calls  # all of it from the rows read ahead
+    assert memo._ranges == {}
+    assert memo._bytes == 0
+
+
+def test_a_read_waits_for_the_range_being_read_ahead_instead_of_fetching_it() -> None:
+    gate = threading.Event()
+    memo, ahead = SharedRanges(), Fetcher(gate)
+    memo.plan_ahead(plan([1]), ahead)
+    first = Fetcher()
+    assert read(memo, [0], first) == [0]
+    assert ahead.entered.wait(10)
+    got: list[list[int]] = []
+    reader = threading.Thread(target=lambda: got.append(read(memo, [11, 12], first)))
+    reader.start()
+    gate.set()
+    reader.join(10)
+    assert got == [[11, 12]]
+    assert first.calls == [[0]]
+    assert ahead.calls == [[1]]
+
+
+def test_readahead_stays_within_a_quarter_of_the_budget_and_resumes_as_rows_are_read() -> None:
+    budget = 4 * 3 * KEPT  # a quarter of it holds three ranges
+    memo, fetch = SharedRanges(budget=budget), Fetcher()
+    memo.plan_ahead(plan(list(range(1, 20))), fetch)
+    read(memo, [0], fetch)
+    wait_for(lambda: memo.read_ahead >= 1, "readahead to start")
+    for _ in range(50):  # let any thread that would overrun do so
+        threading.Event().wait(0.002)
+    # At most one range over the quarter per readahead thread (each may start one call
+    # while the kept rows are just under it).
+    assert memo._bytes <= budget // 4 + 2 * KEPT
+    assert memo.read_ahead <= 5
+    for r in range(1, 20):  # reading frees room: the rest of the plan is read ahead
+        assert read(memo, [r * ROWS + i for i in range(ROWS)], fetch)
+    assert sorted(r for call in fetch.calls for r in call) == list(range(20))
+    assert memo.dropped == 0
+
+
+def test_a_failed_readahead_leaves_the_batch_to_fetch_and_see_its_own_error() -> None:
+    memo = SharedRanges()
+    failed = threading.Event()
+
+    def broken(rids: list[int]) -> dict[int, dict[int, tuple[Any, int]]]:
+        failed.set()
+        raise OSError("store down")
+
+    memo.plan_ahead(plan([1, 2]), broken)
+    read(memo, [0], Fetcher())
+    assert failed.wait(10)
+    wait_for(lambda: memo._ahead_threads == 0, "readahead threads to end")
+    fetch = Fetcher()
+    assert read(memo, [15, 25], fetch) == [15, 25]
+    assert sorted(r for call in fetch.calls for r in call) == [1, 2]
