@@ -18,17 +18,6 @@ from fastdata.errors import CorruptRecordError
 from fastdata.layouts.base import corrupt
 from fastdata.store import ByteRange, ObjectInfo, Store
 
-__all__ = [
-    "BLOCK",
-    "SCAN_MAX_SHARDS",
-    "SCAN_PROBE_BYTES",
-    "SCAN_READ_BYTES",
-    "SCAN_SLACK_BYTES",
-    "SCAN_WHOLE_BYTES",
-    "split_member_name",
-    "walk_shard",
-]
-
 _T = TypeVar("_T")
 
 BLOCK = 512
