@@ -30,6 +30,11 @@ with ``batch_size=None``, a planned sample) that loses every sample becomes a
 so ``state_dict()`` cursors stay exact and a resumed run never reads a skipped sample
 again. Errors that are not one sample's (the store, the cache, a bad argument) always
 raise.
+
+Why one module of this size: its one job is the ``Dataset`` API (construction and its
+checks, pickling, both ways to iterate, ``fetch_batch`` and the ``on_error`` policy it
+applies); its parts are already modules of their own: the runtime (``_runtime.py``),
+what a prefetch thread runs (``_sample_fetch.py``) and the batch types (``batch.py``).
 """
 
 from __future__ import annotations

@@ -22,6 +22,12 @@ while an unfinished iterator is still referenced). An iterator dropped early (``
 next ``iter()``, so ``state_dict()`` (where the next ``iter()`` starts) is always where the
 live loader continues. Worker processes learn each iteration's ``(epoch, cursor)`` from
 shared memory written before torch asks them for it (docs/loader.md).
+
+Why one module of this size: its one job is the ``DataLoader`` API (torch's signature
+and its checks, epochs, resume, stats), whose methods share one epoch state; its parts
+are already modules of their own: worker processes (``_loader_workers.py``),
+checkpoints (``_loader_state.py``), stats (``_loader_stats.py``) and the copy to a CUDA
+device (``_cuda_copy.py``).
 """
 
 from __future__ import annotations

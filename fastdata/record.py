@@ -4,8 +4,10 @@ A record holds one sample's fields (bytes, str, bool/int/float scalars, numpy ar
 laid out as docs/record-format.md specifies. :func:`encode` writes one; :func:`decode`
 reads one as zero-copy views; :func:`collate` turns N records into one batch with one
 ``decode_batch`` and one ``gather`` per field, all payloads landing in slices of a single
-buffer from ``alloc``. This is the only module that imports ``fastdata.io_native``; the
-layers above get the aligned allocator from here, and ``DecodeError`` becomes
+buffer from ``alloc``. The write side, :func:`encode`, is this module's part
+``_record_encode.py`` (re-exported here). These two are the only modules that import
+``fastdata.io_native`` (its format constants as ``fmt.*``); the layers above get the
+aligned allocator from here, and ``DecodeError`` becomes
 :class:`~fastdata.errors.CorruptRecordError` here, once.
 """
 
@@ -13,32 +15,16 @@ from __future__ import annotations
 
 import functools
 import logging
-import struct
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-import zstandard
 
-from fastdata.config import is_int
+from fastdata import io_native as fmt
+from fastdata._record_encode import DTYPES, FieldValue, align, encode
 from fastdata.errors import ConfigError, CorruptRecordError
 from fastdata.io_native import (
-    CODEC_NONE,
-    CODEC_ZSTD,
-    DTYPE_NAMES,
-    HEADER_BYTES,
-    KIND_ARRAY,
-    KIND_BYTES,
-    KIND_SCALAR,
-    KIND_STR,
-    MAX_FIELD_BYTES,
-    MAX_FIELDS,
-    MAX_NAME_BYTES,
-    MAX_NDIM,
-    MAX_RECORD_BYTES,
-    PAYLOAD_ALIGNMENT,
-    ROW_WIDTH,
     CodecUnavailableError,
     DecodeError,
     aligned_empty,
@@ -59,12 +45,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-FieldValue = bytes | bytearray | memoryview | str | bool | int | float | np.ndarray | np.generic
-_DTYPES = tuple(np.dtype(name).newbyteorder("<") for name in DTYPE_NAMES)
-_CODE_OF_DTYPE = {name: code for code, name in enumerate(DTYPE_NAMES)}
-_MIN_LEVEL, _MAX_LEVEL = -(1 << 17), 22
-_ENTRY = struct.Struct("<BBBBHHQQ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,165 +80,6 @@ class VarBatch:
         return [b.decode("utf-8") for b in raw] if self.kind == "str" else raw
 
 
-# ---- encode -----------------------------------------------------------------------
-
-
-def _align(value: int, alignment: int) -> int:
-    return -(-value // alignment) * alignment
-
-
-def _name_bytes(name: object) -> bytes:
-    if not isinstance(name, str):
-        raise ConfigError(f"field names must be str, got {name!r}")
-    try:
-        encoded = name.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ConfigError(f"field name {name!r} is not encodable as UTF-8") from exc
-    if not 1 <= len(encoded) <= MAX_NAME_BYTES:
-        raise ConfigError(
-            f"field name {name!r} is {len(encoded)} UTF-8 bytes; use 1..{MAX_NAME_BYTES}"
-        )
-    return encoded
-
-
-def _classify(name: str, value: object) -> tuple[int, int, tuple[int, ...], Any]:
-    """(kind, dtype code, shape, payload as a 1-D byte buffer) of one field value."""
-    if isinstance(value, np.ndarray | np.generic):  # before float: np.float64 is a float
-        return _classify_array(name, np.asarray(value))
-    if isinstance(value, bool | int | float):
-        code = 0 if isinstance(value, bool) else 7 if isinstance(value, int) else 11
-        try:
-            data = np.array([value], dtype=_DTYPES[code])
-        except OverflowError as exc:
-            raise ConfigError(
-                f"field {name!r}: int {value} does not fit int64; store it as str or bytes"
-            ) from exc
-        return KIND_SCALAR, code, (), data.view(np.uint8)
-    if isinstance(value, str):
-        try:
-            encoded = value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ConfigError(f"field {name!r}: str is not encodable as UTF-8") from exc
-        return KIND_STR, 2, (len(encoded),), encoded
-    if isinstance(value, bytes | bytearray | memoryview):
-        view = memoryview(value)
-        if not view.c_contiguous:
-            raise ConfigError(f"field {name!r}: memoryview is not contiguous; pass bytes(view)")
-        view = view.cast("B") if view.ndim != 1 or view.format != "B" else view
-        return KIND_BYTES, 2, (view.nbytes,), view
-    raise ConfigError(
-        f"field {name!r}: unsupported value of type {type(value).__name__}; use bytes, str, "
-        "bool, int, float or a numpy array"
-    )
-
-
-def _classify_array(name: str, arr: np.ndarray) -> tuple[int, int, tuple[int, ...], Any]:
-    code = _CODE_OF_DTYPE.get(arr.dtype.name)
-    if code is None or arr.dtype.fields is not None:
-        raise ConfigError(
-            f"field {name!r}: numpy dtype {arr.dtype} is not supported; use one of "
-            f"{', '.join(DTYPE_NAMES)}"
-        )
-    if arr.ndim > MAX_NDIM:
-        raise ConfigError(f"field {name!r}: {arr.ndim} dimensions; reshape to at most {MAX_NDIM}")
-    if arr.nbytes > MAX_FIELD_BYTES:
-        raise ConfigError(f"field {name!r}: {arr.nbytes} bytes is above the 2**40-byte limit")
-    arr = arr.astype(_DTYPES[code], order="C", copy=False)
-    return KIND_ARRAY, code, tuple(int(d) for d in arr.shape), arr.reshape(-1).view(np.uint8)
-
-
-def _levels(fields: Mapping[str, Any], compress: object) -> dict[str, int]:
-    """Field name -> zstd level for the fields to compress."""
-    if compress is None:
-        return {}
-    if is_int(compress):
-        _check_level("compress", compress)
-        return {name: compress for name in fields}
-    if not isinstance(compress, Mapping):
-        raise ConfigError(
-            f"compress must be None, a zstd level or a mapping field -> level, not {compress!r}"
-        )
-    for name, level in compress.items():
-        if name not in fields:
-            raise ConfigError(f"compress names field {name!r}, which this record does not have")
-        _check_level(f"compress[{name!r}]", level)
-    return dict(compress)
-
-
-def _check_level(what: str, level: object) -> None:
-    if not is_int(level) or not _MIN_LEVEL <= level <= 22:
-        raise ConfigError(
-            f"{what} must be a zstd level in {_MIN_LEVEL}..{_MAX_LEVEL}, not {level!r}"
-        )
-
-
-def encode(
-    fields: Mapping[str, FieldValue], *, compress: int | Mapping[str, int] | None = None
-) -> bytes:
-    """Encode one sample's fields as a record (docs/record-format.md).
-
-    Args:
-        fields: Field name -> bytes-like, str, bool, int (int64 range), float or numpy
-            array (bool, int8..uint64, float16/32/64, complex64/128; up to 8 dimensions).
-        compress: ``None``; a zstd level for every bytes and array field; or a mapping
-            field -> level. str and scalar fields are never compressed, and an explicit
-            mapping naming one is an error; empty fields stay uncompressed.
-
-    Returns:
-        The record bytes, checksummed.
-
-    Raises:
-        ConfigError: A name, value or level is not allowed; the message names the field.
-    """
-    if not isinstance(fields, Mapping):
-        raise ConfigError(
-            f"encode takes a mapping of field name -> value, not {type(fields).__name__}"
-        )
-    if len(fields) > MAX_FIELDS:
-        raise ConfigError(f"a record holds at most {MAX_FIELDS} fields, got {len(fields)}")
-    levels = _levels(fields, compress)
-    explicit = isinstance(compress, Mapping)
-    compressors: dict[int, zstandard.ZstdCompressor] = {}  # one per level, for this call only
-    items = []
-    for name, value in fields.items():
-        key = _name_bytes(name)
-        kind, code, shape, payload = _classify(name, value)
-        codec = CODEC_NONE
-        if name in levels and kind in (KIND_STR, KIND_SCALAR) and explicit:
-            raise ConfigError(
-                f"compress names field {name!r}, a str or scalar; only bytes and arrays compress"
-            )
-        if name in levels and kind in (KIND_BYTES, KIND_ARRAY) and len(payload):
-            level = levels[name]
-            compressor = compressors.setdefault(level, zstandard.ZstdCompressor(level=level))
-            payload = compressor.compress(payload)
-            codec = CODEC_ZSTD
-        items.append((key, kind, code, codec, shape, payload))
-    items.sort(key=lambda item: item[0])
-    return _assemble(items)
-
-
-def _assemble(items: list[tuple[bytes, int, int, int, tuple[int, ...], Any]]) -> bytes:
-    table_bytes = sum(_align(24 + 8 * len(shape) + len(key), 8) for key, _, _, _, shape, _ in items)
-    cursor = HEADER_BYTES + table_bytes
-    entries, body = [], []
-    for key, kind, code, codec, shape, payload in items:
-        offset = _align(cursor, PAYLOAD_ALIGNMENT)
-        stored = len(payload)
-        entry = _ENTRY.pack(kind, code, codec, len(shape), len(key), 0, offset, stored)
-        entry += struct.pack(f"<{len(shape)}Q", *shape) + key
-        entries.append(entry + bytes(_align(len(entry), 8) - len(entry)))
-        body += [bytes(offset - cursor), payload]
-        cursor = offset + stored
-    if cursor > MAX_RECORD_BYTES:
-        raise ConfigError(f"the record would be {cursor} bytes, above the 2**40-byte limit")
-    header = struct.pack("<4sHHQII8s", b"FDRC", 1, len(items), cursor, table_bytes, 0, bytes(8))
-    crc = backend_module.crc32c(header[:20])
-    for part in [header[24:], *entries, *body]:
-        crc = backend_module.crc32c(part, crc)
-    return b"".join([header[:20], crc.to_bytes(4, "little"), header[24:], *entries, *body])
-
-
 # ---- decode, verify ------------------------------------------------------------------
 
 
@@ -289,7 +110,7 @@ def _decode_batch(
         raise _corrupt(exc, sample_ids) from exc
     except TypeError as exc:
         raise ConfigError(str(exc)) from exc
-    table = np.frombuffer(rows, dtype=np.int64).reshape(-1, ROW_WIDTH)
+    table = np.frombuffer(rows, dtype=np.int64).reshape(-1, fmt.ROW_WIDTH)
     return names, np.frombuffer(starts, dtype=np.int64), table
 
 
@@ -321,14 +142,14 @@ def _value(row: np.ndarray, data: np.ndarray, offset: int) -> Any:
     """One decoded field from its row; data holds the field's decoded bytes at offset."""
     kind, code, ndim, raw = int(row[1]), int(row[2]), int(row[4]), int(row[7])
     payload = data[offset : offset + raw]
-    if kind == KIND_BYTES:
+    if kind == fmt.KIND_BYTES:
         return payload.data
-    if kind == KIND_STR:
+    if kind == fmt.KIND_STR:
         return payload.tobytes().decode("utf-8")
-    if kind == KIND_SCALAR:
-        return payload.view(_DTYPES[code])[0].item()
+    if kind == fmt.KIND_SCALAR:
+        return payload.view(DTYPES[code])[0].item()
     shape = tuple(int(d) for d in row[8 : 8 + ndim])
-    return payload.view(_DTYPES[code]).reshape(shape)
+    return payload.view(DTYPES[code]).reshape(shape)
 
 
 def decode(buf: Any, *, verify: bool = True, sample_id: int | None = None) -> dict[str, Any]:
@@ -356,7 +177,7 @@ def decode(buf: Any, *, verify: bool = True, sample_id: int | None = None) -> di
     result = {}
     for row in rows:
         name = names[int(row[0])]
-        if int(row[3]) == CODEC_NONE:
+        if int(row[3]) == fmt.CODEC_NONE:
             result[name] = _value(row, base, int(row[5]))
         else:
             out = np.empty(int(row[7]), dtype=np.uint8)
@@ -406,9 +227,9 @@ def checksum(buf: Any) -> int:
         CorruptRecordError: ``buf`` is shorter than the 32-byte header.
     """
     view = np.frombuffer(buf, dtype=np.uint8)
-    if len(view) < HEADER_BYTES:
+    if len(view) < fmt.HEADER_BYTES:
         raise CorruptRecordError(
-            f"a record is at least {HEADER_BYTES} bytes, this one {len(view)}", offset=0
+            f"a record is at least {fmt.HEADER_BYTES} bytes, this one {len(view)}", offset=0
         )
     crc: int = backend_module.crc32c(view[24:], backend_module.crc32c(view[:20]))
     return crc
@@ -458,7 +279,7 @@ class _FieldPlan:
 
 def _describe(row: np.ndarray) -> str:
     kind = ("bytes", "str", "scalar", "array")[int(row[1])]
-    return f"{kind} {DTYPE_NAMES[int(row[2])]} with {int(row[4])} dimensions"
+    return f"{kind} {fmt.DTYPE_NAMES[int(row[2])]} with {int(row[4])} dimensions"
 
 
 def _plan(
@@ -492,15 +313,15 @@ def _plan(
             sample_id=sample_id,
         )
     kind, ndim = int(first[1]), int(first[4])
-    dtype = _DTYPES[int(first[2])]
+    dtype = DTYPES[int(first[2])]
     shapes = sel[:, 8 : 8 + ndim]
     # NOTE[field-kinds]: a field the schema calls variable stays a VarBatch even when
     # every record of this batch happens to have the same shape.
-    fixed = kind == KIND_SCALAR or (
-        kind == KIND_ARRAY and not variable and bool((shapes == shapes[0]).all())
+    fixed = kind == fmt.KIND_SCALAR or (
+        kind == fmt.KIND_ARRAY and not variable and bool((shapes == shapes[0]).all())
     )
     shape = tuple(int(d) for d in shapes[0]) if fixed else None
-    varshapes = shapes.copy() if kind == KIND_ARRAY and not fixed else None
+    varshapes = shapes.copy() if kind == fmt.KIND_ARRAY and not fixed else None
     raw = sel[:, 7]
     return _FieldPlan(name, kind, dtype, int(raw.sum()), shape, raw, varshapes)
 
@@ -511,7 +332,7 @@ def _result(plan: _FieldPlan, data: np.ndarray, count: int) -> np.ndarray | VarB
         return values.reshape((count, *plan.shape))
     offsets = np.zeros(count + 1, dtype=np.int64)
     np.cumsum(plan.raw // plan.dtype.itemsize, out=offsets[1:])
-    kinds: dict[int, Literal["bytes", "str"]] = {KIND_BYTES: "bytes", KIND_STR: "str"}
+    kinds: dict[int, Literal["bytes", "str"]] = {fmt.KIND_BYTES: "bytes", fmt.KIND_STR: "str"}
     return VarBatch(values, offsets, plan.shapes, kinds.get(plan.kind, "array"))
 
 
@@ -525,10 +346,10 @@ def _batch_view(buf: Any, nbytes: int) -> np.ndarray:
             f"alloc({nbytes}) returned a {'read-only ' if not base.flags.writeable else ''}"
             f"buffer of {len(base)} bytes; it must be writable and at least nbytes long"
         )
-    if nbytes and base.ctypes.data % PAYLOAD_ALIGNMENT:
+    if nbytes and base.ctypes.data % fmt.PAYLOAD_ALIGNMENT:
         raise ConfigError(
             f"alloc({nbytes}) returned a buffer at address {base.ctypes.data:#x}, not "
-            f"{PAYLOAD_ALIGNMENT}-byte aligned; use aligned_empty"
+            f"{fmt.PAYLOAD_ALIGNMENT}-byte aligned; use aligned_empty"
         )
     return base
 
@@ -595,7 +416,7 @@ def collate(
     total = 0
     for plan in plans:
         plan.start = total
-        total = _align(total + plan.nbytes, PAYLOAD_ALIGNMENT)
+        total = align(total + plan.nbytes, fmt.PAYLOAD_ALIGNMENT)
     base = _batch_view(alloc(total), total)
     # NOTE[collate-verify]: the biggest field's gather verifies every record, first.
     carrier = max(plans, key=lambda plan: plan.nbytes) if verify and plans else None

@@ -26,6 +26,12 @@ source reads do not hold the gate either. Waiters of a flight get the record fro
 owner directly (NOTE[singleflight]); a caller that reads the same key between the
 owner's fetch and its lease closing reads it from the source again (correct, only
 slower).
+
+Why one module of this size: its one job is one read through the tiers, and the rules
+above hold only together: single flight decides which keys this call fetches, the tier
+leases decide when the write-back may run, and ``collate_many``'s checksum retry and
+``drop_corrupt`` act on the same leases. The write-behind thread (``_writeback.py``)
+and the tiers are parts of their own.
 """
 
 from __future__ import annotations

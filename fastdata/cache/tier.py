@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from fastdata._counters import counter, counter_names, node_counter
 from fastdata.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -267,32 +268,6 @@ class LatencyHistogram:
                 bound = self.bounds_us[min(i, len(self.bounds_us) - 1)]
                 return bound / 1e6
         return self.bounds_us[-1] / 1e6
-
-
-_COUNTER = "counter"
-
-
-def counter() -> Any:
-    """A stats field that counts events (starts at 0): :func:`counter_names` finds it."""
-    return field(default=0, metadata={_COUNTER: "process"})
-
-
-def node_counter() -> Any:
-    """A :func:`counter` the LMDB tier also keeps node-wide (NOTE[lmdb-node-counters])."""
-    return field(default=0, metadata={_COUNTER: "node"})
-
-
-def counter_names(stats_class: type, *, node_only: bool = False) -> tuple[str, ...]:
-    """The event counters of a stats dataclass, in field order (its :func:`counter` fields).
-
-    The field declarations are the one list of counter names: a recorder counts exactly
-    these, and the node-wide record stores the ``node_only`` ones in this order.
-    """
-    return tuple(
-        f.name
-        for f in fields(stats_class)
-        if f.metadata.get(_COUNTER) in (("node",) if node_only else ("node", "process"))
-    )
 
 
 def plain_dict(stats: Any) -> dict[str, Any]:

@@ -2,13 +2,14 @@
 
 Every function here has the same name, signature, results and errors as the C extension;
 the numbered checks follow "Validation, in order" of the spec step for step, with the same
-messages and byte offsets.
+messages and byte offsets. Like the C sources it has parts: ``_pure_buffers.py``
+(``crc32c``, ``aligned_empty``, the buffer checks) and ``_pure_zstd.py`` (decompression,
+``load_zstd``); this module re-exports them and holds the format's constants, the record
+parser and its two entry points, ``decode_batch`` and ``gather``.
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import struct
 from array import array
 from collections.abc import Iterable
@@ -16,9 +17,16 @@ from typing import Any, NamedTuple
 
 import google_crc32c
 import numpy as np
-import zstandard
 
 from fastdata.io_native._errors import CodecUnavailableError, DecodeError
+from fastdata.io_native._pure_buffers import (
+    MAX_ALIGNMENT,
+    _destination,
+    _source,
+    aligned_empty,
+    crc32c,
+)
+from fastdata.io_native._pure_zstd import _Decompressor, load_zstd
 
 __all__ = [
     "CODEC_NONE",
@@ -63,8 +71,6 @@ MAX_FIELD_BYTES = 1 << 40
 MAX_BATCH_FIELDS = 4096
 #: int64 columns per field in decode_batch's rows.
 ROW_WIDTH = 16
-#: Largest alignment accepted by aligned_empty (1 GiB, a huge-page multiple).
-MAX_ALIGNMENT = 1 << 30
 
 KIND_BYTES, KIND_STR, KIND_SCALAR, KIND_ARRAY = 0, 1, 2, 3
 CODEC_NONE, CODEC_ZSTD = 0, 1
@@ -111,35 +117,6 @@ class _Field(NamedTuple):
 
 def _align(value: int, alignment: int) -> int:
     return -(-value // alignment) * alignment
-
-
-def _source(obj: object, what: str) -> np.ndarray:
-    """A read-only uint8 view of ``obj``; a TypeError names it (``what``) otherwise."""
-    try:
-        # Any object may come in: memoryview's TypeError is the buffer-protocol check.
-        view = memoryview(obj)  # type: ignore[arg-type]
-    except TypeError:
-        view = None
-    if view is None or not view.c_contiguous:
-        raise TypeError(
-            f"{what} is a {type(obj).__name__}, not a contiguous buffer; "
-            "pass bytes, memoryview, numpy arrays or other buffer-protocol objects"
-        )
-    return np.frombuffer(view, dtype=np.uint8)
-
-
-def _destination(out: object) -> np.ndarray:
-    try:
-        # Any object may come in: memoryview's TypeError is the buffer-protocol check.
-        view = memoryview(out)  # type: ignore[arg-type]
-    except TypeError:
-        view = None
-    if view is None or view.readonly or not view.c_contiguous:
-        raise TypeError(
-            f"out is a {type(out).__name__}, not a writable contiguous buffer; "
-            "allocate it with aligned_empty(nbytes)"
-        )
-    return np.frombuffer(view, dtype=np.uint8)
 
 
 def _sources(buffers: Iterable[object]) -> list[np.ndarray]:
@@ -486,62 +463,6 @@ def gather(buffers: Iterable[Any], field: str, out: Any, verify: bool = False) -
     return pos
 
 
-@functools.cache
-def _libzstd() -> ctypes.CDLL | None:
-    """libzstd.so.1 through ctypes, or None when it does not load.
-
-    The pure backend decompresses with the same library as the native one when it can:
-    zstd releases differ in which corrupt frames they reject (1.5.4 accepts some that the
-    zstandard package's 1.5.7 rejects), and both backends must judge a payload alike.
-    """
-    try:
-        lib = ctypes.CDLL("libzstd.so.1")
-    except OSError:
-        return None
-    lib.ZSTD_createDCtx.restype = ctypes.c_void_p
-    lib.ZSTD_freeDCtx.argtypes = [ctypes.c_void_p]
-    lib.ZSTD_decompressDCtx.restype = ctypes.c_size_t
-    lib.ZSTD_decompressDCtx.argtypes = [ctypes.c_void_p] + [ctypes.c_void_p, ctypes.c_size_t] * 2
-    lib.ZSTD_isError.argtypes = [ctypes.c_size_t]
-    lib.ZSTD_versionString.restype = ctypes.c_char_p
-    return lib
-
-
-class _Decompressor:
-    """One decompression context for one gather call: libzstd when it loads, else zstandard."""
-
-    def __enter__(self) -> _Decompressor:
-        self._lib = _libzstd()
-        self._dctx: int | None = None
-        self._fallback: zstandard.ZstdDecompressor | None = None
-        return self
-
-    def into(self, target: np.ndarray, payload: np.ndarray) -> bool:
-        """Decompress one frame into target; True when it fills target exactly."""
-        if self._lib is None:
-            self._fallback = self._fallback or zstandard.ZstdDecompressor()
-            try:
-                data = self._fallback.decompress(payload.tobytes())
-            except zstandard.ZstdError:
-                return False
-            if len(data) != len(target):
-                return False
-            target[:] = np.frombuffer(data, dtype=np.uint8)
-            return True
-        if self._dctx is None:
-            self._dctx = self._lib.ZSTD_createDCtx()
-            if not self._dctx:
-                raise MemoryError("ZSTD_createDCtx failed")
-        got = self._lib.ZSTD_decompressDCtx(
-            self._dctx, target.ctypes.data, len(target), payload.ctypes.data, len(payload)
-        )
-        return not self._lib.ZSTD_isError(got) and got == len(target)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._dctx is not None and self._lib is not None:
-            self._lib.ZSTD_freeDCtx(self._dctx)
-
-
 def _check_overlap(dst: np.ndarray, sources: list[np.ndarray]) -> None:
     if not len(dst):
         return
@@ -550,91 +471,3 @@ def _check_overlap(dst: np.ndarray, sources: list[np.ndarray]) -> None:
     for i, src in enumerate(sources):
         if len(src) and src.ctypes.data < hi and lo < src.ctypes.data + len(src):
             raise ValueError(f"out overlaps buffers[{i}]; gather needs a separate destination")
-
-
-def crc32c(data: Any, value: int = 0, method: str = "auto", out: Any = None) -> int:
-    """Extend the CRC-32C ``value`` over ``data`` (``crc32c(b"123456789") == 0xE3069283``).
-
-    Args:
-        data: Any C-contiguous buffer.
-        value: A previous CRC-32C to extend (0 to start).
-        method: ``auto``, ``hardware`` or ``table``: which C implementation the native
-            backend uses; accepted and ignored here (google-crc32c decides).
-        out: A writable buffer of at least ``len(data)`` bytes, not overlapping ``data``:
-            ``data`` is also copied into its first bytes (the native backend does both in
-            one pass).
-
-    Returns:
-        The CRC-32C as an int in ``0 .. 2**32 - 1``.
-
-    Raises:
-        ValueError: A bad ``method`` or ``value``; ``out`` too small or overlapping ``data``.
-        TypeError: ``data`` or ``out`` is not a suitable buffer.
-    """
-    if method not in ("auto", "hardware", "table"):
-        raise ValueError(f"method must be 'auto', 'hardware' or 'table', not {method!r}")
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 32:
-        raise ValueError(f"value must be an int in 0..2**32-1, not {value!r}")
-    src = _source(data, "data")
-    if out is not None:
-        dst = _destination(out)
-        if len(dst) < len(src):
-            raise ValueError(f"out holds {len(dst)} bytes but data is {len(src)}")
-        lo, hi = dst.ctypes.data, dst.ctypes.data + len(dst)
-        if len(src) and src.ctypes.data < hi and lo < src.ctypes.data + len(src):
-            raise ValueError("out overlaps data; crc32c needs a separate destination")
-        dst[: len(src)] = src
-    crc: int = google_crc32c.extend(value, src.tobytes())
-    return crc
-
-
-def load_zstd(soname: str = "libzstd.so.1") -> str:
-    """Return the version of the zstd this backend decompresses with.
-
-    That is libzstd.so.1 through ctypes when it loads (the library the native backend
-    uses), else the ``zstandard`` package's bundled zstd; so this never fails.
-
-    Args:
-        soname: The shared library the native backend loads; unused here.
-    """
-    if not isinstance(soname, str):
-        raise TypeError(f"soname must be a str, not {type(soname).__name__}")
-    lib = _libzstd()
-    if lib is not None:
-        version: bytes = lib.ZSTD_versionString()
-        return version.decode("ascii")
-    return ".".join(str(part) for part in zstandard.ZSTD_VERSION)
-
-
-def aligned_empty(nbytes: int, alignment: int = 4096) -> np.ndarray:
-    """Allocate an uninitialised, writable byte buffer whose address is a multiple of ``alignment``.
-
-    Args:
-        nbytes: Size in bytes (0 allowed).
-        alignment: A power of two between 1 and 1 GiB.
-
-    Returns:
-        A 1-D ``uint8`` array of ``nbytes`` bytes (the native backend returns an
-        ``AlignedBuffer``; both support the writable buffer protocol).
-
-    Raises:
-        ValueError: ``nbytes`` is negative or ``alignment`` is not a power of two in range.
-        MemoryError: The allocation failed.
-    """
-    _check_alloc_args(nbytes, alignment)
-    raw = np.empty(nbytes + alignment, dtype=np.uint8)
-    skew = (-raw.ctypes.data) % alignment
-    return raw[skew : skew + nbytes]
-
-
-def _check_alloc_args(nbytes: int, alignment: int) -> None:
-    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
-        raise ValueError(f"nbytes must be a non-negative int, got {nbytes!r}")
-    if (
-        not isinstance(alignment, int)
-        or isinstance(alignment, bool)
-        or alignment < 1
-        or alignment > MAX_ALIGNMENT
-        or alignment & (alignment - 1)
-    ):
-        raise ValueError(f"alignment must be a power of two in 1..2**30, got {alignment!r}")

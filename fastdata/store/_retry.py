@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from fastdata._counters import counter_names
 from fastdata.config import StoreConfig
 from fastdata.store._faults import (
     Failure,
@@ -43,10 +44,15 @@ from fastdata.store._faults import (
 )
 from fastdata.store._types import StoreStats
 
-__all__ = ["Counters", "RetryEnv", "RetryPolicy", "retrying"]
+__all__ = ["STORE_COUNTERS", "Counters", "RetryEnv", "RetryPolicy", "retrying"]
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+
+
+STORE_COUNTERS = counter_names(StoreStats)
+"""The store's event counters, the :func:`~fastdata._counters.counter` fields of
+:class:`StoreStats` (``max_in_flight`` is a high-water mark, kept apart)."""
 
 
 class Counters:
@@ -54,20 +60,7 @@ class Counters:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._values = dict.fromkeys(
-            (
-                "requests",
-                "bytes_read",
-                "bytes_written",
-                "retries",
-                "throttled",
-                "resumed",
-                "errors",
-                "corrupt_transfers",
-                "verified_reads",
-            ),
-            0,
-        )
+        self._values = dict.fromkeys(STORE_COUNTERS, 0)
         self._in_flight = 0
         self._max_in_flight = 0
 

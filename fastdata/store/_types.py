@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from fastdata._counters import counter
 from fastdata.errors import ConfigError
 
 __all__ = [
@@ -69,31 +70,35 @@ class ByteRange:
 
 @dataclass(frozen=True, slots=True)
 class StoreStats:
-    """Counters of one store handle in this process (a forked child starts from zero)."""
+    """Counters of one store handle in this process (a forked child starts from zero).
+
+    The :func:`~fastdata._counters.counter` fields are the one list of the store's event
+    counters: ``STORE_COUNTERS`` and the recorder in ``_retry.py`` are derived from them.
+    """
 
     backend: str = ""
     """The backend serving this process: ``obstore`` or ``fsspec``."""
-    requests: int = 0
+    requests: int = counter()
     """Requests sent to the store (GET, HEAD, LIST pages, PUT, DELETE), retries included."""
-    bytes_read: int = 0
+    bytes_read: int = counter()
     """Payload bytes received by reads."""
-    bytes_written: int = 0
+    bytes_written: int = counter()
     """Payload bytes sent by ``put_many``."""
-    retries: int = 0
+    retries: int = counter()
     """Attempts that repeated an earlier failed attempt."""
-    throttled: int = 0
+    throttled: int = counter()
     """Failed attempts the store answered with HTTP 429 or 503 (S3 ``SlowDown``)."""
-    resumed: int = 0
+    resumed: int = counter()
     """Retries that continued a broken body from where it stopped (pinned to its ETag)."""
-    errors: int = 0
+    errors: int = counter()
     """Operations that raised an error to the caller."""
     max_in_flight: int = 0
     """The most requests this handle had in flight at once."""
-    corrupt_transfers: int = 0
+    corrupt_transfers: int = counter()
     """Bodies that did not match the checksum the source gave for them (each one fetched
     again, NOTE[store-verify]), plus those the layer above reported through
     ``Store.count_corrupt_transfer``."""
-    verified_reads: int = 0
+    verified_reads: int = counter()
     """Reads whose bytes were checked against a checksum from the source and matched."""
 
 

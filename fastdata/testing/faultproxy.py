@@ -23,6 +23,11 @@ NOTE[faultproxy-bounds]: every wait is bounded. Client sockets time out after
 sleeps on the stop event, so ``stop()`` ends it at once; ``stop()`` closes the listening
 socket and every client socket still open, and joins the server thread. Handler threads
 are daemons, so a client that never closes its connection cannot keep a test alive.
+
+Why one module of this size: its one job is the proxy, and its parts share one state
+under one lock: the rules (``Fault``, matched per request), the counters the tests read,
+and the request handler that forwards, answers with a fault or holds a request; a fault
+only means something as the handler serves it.
 """
 
 from __future__ import annotations

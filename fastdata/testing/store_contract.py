@@ -11,6 +11,10 @@ test dependency, not one of fastdata's); for pytest's assertion messages, call
 ``StoreFaultContract`` runs the retry and error contract through the fault-injecting proxy
 (``fastdata.testing.faultproxy``); a subclass provides ``upstream`` (an ``S3Target`` on a
 real server) and ``backend``.
+
+Why one module of this size: its one job is the contract, one test per promise of the
+store API (docs/store.md), and the two suites share their fixtures' shape and helpers;
+a third party imports them from one place.
 """
 
 from __future__ import annotations

@@ -39,6 +39,13 @@ holds (whole units and the fetched part of unfinished ones) and release its clai
 nothing fetched is lost, so a rerun fetches none of it again. Tasks still running
 after the grace are abandoned (their results are dropped; their objects are fetched by
 the next run). The request only sets flags, so a signal handler may call it.
+
+Why one module of this size: its one job is the loop's decisions, and they are made by
+one thread over one shared state (claims, tasks in flight, held bytes, the concurrency
+limit, the write queue), so the notes above hold only together: throttling and isolation
+change what the next dispatch may be, commits and the stop decide when claims are
+released. The fetch itself (``_fetch.py``), claims (``_claims.py``) and the disk-full
+cause (``_space.py``) are already parts of their own.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fastdata.io_native import _pure
+from fastdata.io_native import _pure, _pure_zstd
 from fastdata.io_native._errors import CodecUnavailableError, DecodeError
 from fastdata.record import encode
 
@@ -639,7 +639,7 @@ def test_native_without_libzstd_raises_codec_unavailable() -> None:
 
 
 def test_pure_backend_decompresses_without_libzstd(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_pure, "_libzstd", lambda: None)
+    monkeypatch.setattr(_pure_zstd, "_libzstd", lambda: None)
     out = bytearray(300)
     assert _pure.gather([ZSTD], "z", out) == 300
     assert bytes(out) == b"abc" * 100

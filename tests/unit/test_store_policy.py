@@ -4,6 +4,7 @@ types, backend choice and argument checks. No server."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import email.utils
 import random
 import time
@@ -29,7 +30,7 @@ from fastdata.store._faults import (
     sanitize,
     status_kind,
 )
-from fastdata.store._retry import Counters, RetryEnv, RetryPolicy, retrying
+from fastdata.store._retry import STORE_COUNTERS, Counters, RetryEnv, RetryPolicy, retrying
 from fastdata.store._types import quote_etag, unquote_etag
 
 # -- retry policy ----------------------------------------------------------------------------
@@ -134,6 +135,20 @@ def test_an_attempt_still_running_when_the_budget_ends_is_cancelled() -> None:
     with pytest.raises(StoreError, match="budget"):
         asyncio.run(retrying(hang, CTX, env))
     assert time.monotonic() - started < 1.0
+
+
+def test_store_counters_are_the_counter_fields_of_store_stats() -> None:
+    stats_fields = {f.name for f in dataclasses.fields(StoreStats)}
+    assert set(STORE_COUNTERS) == stats_fields - {"backend", "max_in_flight"}
+    counters = Counters()
+    for amount, name in enumerate(STORE_COUNTERS, start=1):
+        counters.add(name, amount)
+    counters.enter()
+    snapshot = counters.snapshot("obstore")
+    expected = {name: amount for amount, name in enumerate(STORE_COUNTERS, start=1)}
+    expected["requests"] += 1
+    assert {name: getattr(snapshot, name) for name in STORE_COUNTERS} == expected
+    assert snapshot.max_in_flight == 1
 
 
 # -- fault mapping and messages ----------------------------------------------------------------
