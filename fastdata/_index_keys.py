@@ -1,0 +1,109 @@
+"""What identifies a saved index, a cache namespace and a cached sample (NOTE[cache-keys]).
+
+Plain functions without I/O; ``fastdata.index`` re-exports the public ones.
+
+NOTE[cache-keys]: two identities, each derived here and nowhere else (docs/cache.md,
+"Keys"). The *sample table* is saved under a key made of the whole spec (URL, layout,
+pattern, fields, options) and the store's identity (``Store.identity``: scheme, resolved
+endpoint or region, bucket), so two servers never share a saved index. The *cached
+bytes* of a sample are keyed by what they are: an 8-byte namespace (the store's identity
+and the dataset root) and 8 bytes derived from the source object's version (path, size,
+ETag), the sample's byte range, and the layout settings that change the record
+(``Layout.record_options``). Two specs over the same objects (a warm without labels and a
+loader with labels, or two overlapping patterns) therefore share their cached records,
+and a changed object gets new keys. Each entry also carries a 16-byte fingerprint of the
+same facts (plus the store identity) that the tiers compare on every read, so a key
+collision is a miss, never wrong bytes. A ``SampleIndex`` answers the cache layer's
+questions (``keys``, ``fingerprints``, ``read_samples``) batch by batch with numpy, from
+the words made here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from fastdata.layouts import Layout
+from fastdata.layouts.files import callable_identity
+from fastdata.store import ObjectInfo
+
+__all__ = ["key_words", "mix", "namespace_id", "namespace_name", "source_fingerprint", "spec_key"]
+
+_MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+
+
+def mix(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """splitmix64 finaliser, vectorised (wraps modulo 2**64 by design)."""
+    x = x + _MIX[0]
+    x = (x ^ (x >> np.uint64(30))) * _MIX[1]
+    x = (x ^ (x >> np.uint64(27))) * _MIX[2]
+    return x ^ (x >> np.uint64(31))
+
+
+def key_words(
+    identity: str, layout: Layout
+) -> tuple[npt.NDArray[np.uint64], tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]]:
+    """The record-settings word of every key and the store-identity salt of every
+    fingerprint (NOTE[cache-keys])."""
+    recipe = json.dumps([layout.name, layout.record_options()], sort_keys=True)
+    r = hashlib.blake2b(recipe.encode(), digest_size=8, person=b"fastdata-recipe").digest()
+    salt = hashlib.blake2b(identity.encode(), digest_size=16, person=b"fastdata-store").digest()
+    words = np.frombuffer(salt, dtype="<u8")
+    return np.frombuffer(r, dtype="<u8")[:1], (words[:1], words[1:])
+
+
+def spec_key(
+    identity: str,
+    url: str,
+    layout: str | None,
+    pattern: str | None,
+    fields: Any,
+    options: Mapping[str, Any],
+) -> str:
+    """The directory name of a spec's saved index versions (NOTE[cache-keys])."""
+    spec = {
+        "store": identity,
+        "url": url,
+        "layout": layout,
+        "pattern": pattern,
+        "fields": list(fields) if fields is not None else None,
+        "options": dict(options),
+    }
+    text = json.dumps(spec, sort_keys=True, default=_stable_repr)
+    return hashlib.blake2b(text.encode(), digest_size=12, person=b"fastdata-spec").hexdigest()
+
+
+def _stable_repr(value: Any) -> str:
+    """A JSON stand-in for an option value that JSON cannot hold: a callable (the files
+    layout's ``label_from``) by its module, name and code, never by its address."""
+    if callable(value):
+        return callable_identity(value)
+    return repr(value)
+
+
+def namespace_name(url: str, identity: str) -> str:
+    """``<url> @ <store identity>``: how a cache namespace is registered and shown;
+    ``fastdata clear --dataset URL`` matches the part before `` @ ``."""
+    return f"{url} @ {identity}"
+
+
+def namespace_id(identity: str, url: str) -> bytes:
+    """The 8-byte cache namespace of the dataset root ``url`` on the store ``identity``
+    (the first half of every key of its samples; NOTE[cache-keys])."""
+    text = json.dumps({"store": identity, "url": url}, sort_keys=True)
+    return hashlib.blake2b(text.encode(), digest_size=8, person=b"fastdata-ns").digest()
+
+
+def source_fingerprint(dataset_id: bytes, objects: Sequence[ObjectInfo]) -> str:
+    """Digest of a listing (paths, sizes, ETags): an index version is saved under it."""
+    digest = hashlib.blake2b(dataset_id, digest_size=16, person=b"fastdata-source")
+    for info in objects:
+        digest.update(
+            f"{info.path}\0{info.size}\0{info.etag or ''}\n".encode("utf-8", "surrogateescape")
+        )
+    return digest.hexdigest()

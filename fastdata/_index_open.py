@@ -1,0 +1,249 @@
+"""Opening a sample index: which saved version to trust, and when to build a new one.
+
+:func:`open_index` finds the saved versions of a spec (NOTE[cache-keys] in
+``fastdata/_index_keys.py``), then in ``validate`` mode (the default) lists the dataset
+once and compares it with the saved ETags and sizes, so added, removed and overwritten
+objects are seen by the next open (reported by :class:`DatasetChangedWarning`, refused
+with ``strict=True``); in ``immutable`` mode it trusts a saved version with no store
+request at all. Builds run in ``fastdata/_index_build.py`` under the builders' lock, or
+in a private temporary directory where the cache directory cannot be written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from fastdata._index_build import Selection, build, select
+from fastdata._index_keys import spec_key
+from fastdata._sample_index import SampleIndex
+from fastdata.config import default_cache_dir
+from fastdata.errors import CacheError, ConfigError, FastdataError, ObjectChangedError
+from fastdata.layouts import make_layout
+from fastdata.layouts.table import SampleTable, TableVersions
+from fastdata.store import Store, normalize_url
+
+__all__ = ["Consistency", "DatasetChangedWarning", "open_index"]
+
+logger = logging.getLogger("fastdata.index")
+
+Consistency = Literal["immutable", "validate"]
+
+
+class DatasetChangedWarning(UserWarning):
+    """The dataset changed since its index was built (``consistency="validate"``)."""
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What the caller of :func:`open_index` asked for."""
+
+    url: str
+    store: Store
+    layout: str | None
+    pattern: str | None
+    fields: Sequence[str] | None
+    options: Mapping[str, Any]
+    storage_options: Mapping[str, Any] | None
+
+    def key(self) -> str:
+        return spec_key(
+            self.store.identity, self.url, self.layout, self.pattern, self.fields, self.options
+        )
+
+    def wrap(self, table: SampleTable | None) -> SampleIndex | None:
+        return None if table is None else SampleIndex(table, storage_options=self.storage_options)
+
+    def select(self) -> Selection:
+        """List the dataset and resolve its layout and pattern (:func:`select`)."""
+        return select(self.store, self.url, self.layout, self.pattern, self.fields, self.options)
+
+
+def _report_changes(old: SampleIndex, new: Selection, strict: bool) -> None:
+    listed = (old.object_info(i) for i in range(old.object_count))
+    before = {info.path: info for info in listed}
+    after = {info.path: info for info in new.objects}
+    changed = [p for p, info in after.items() if p in before and before[p] != info]
+    added = [p for p in after if p not in before]
+    removed = [p for p in before if p not in after]
+    examples = (changed + added + removed)[:5]
+    message = (
+        f"dataset {new.url} changed since its index was built: {len(changed)} object(s) "
+        f"changed, {len(added)} added, {len(removed)} removed (e.g. {examples})."
+    )
+    if strict:
+        raise ObjectChangedError(
+            f"{message} Refusing because strict=True: restore the objects, or open with "
+            "strict=False to index the new version"
+        )
+    message += (
+        " Their samples are fetched again (cached copies no longer match), and sample ids "
+        "may now point at other samples, so a resumed epoch is not the one interrupted. "
+        "Pass strict=True to refuse instead."
+    )
+    logger.warning(message)
+    warnings.warn(message, DatasetChangedWarning, stacklevel=3)
+
+
+def open_index(
+    url: str,
+    *,
+    layout: str | None = None,
+    pattern: str | None = None,
+    fields: Sequence[str] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    store: Store | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    consistency: Consistency = "validate",
+    strict: bool = False,
+    **layout_options: Any,
+) -> SampleIndex:
+    """Open the sample index of a dataset, building and saving it the first time.
+
+    Args:
+        url: The dataset's root (``s3://bucket/prefix``, ``file:///data``, a path).
+        layout: ``files``, ``tar``, ``parquet`` or ``packed``; ``None`` detects it from
+            the listing.
+        pattern: Glob selecting objects below ``url`` (``**`` crosses folders); the
+            default is the layout's (``**/*.tar``, ``**/*.parquet``, ``**/*.fdpack``,
+            ``**`` for files).
+        fields: Tar extensions or Parquet columns to keep; ``None`` keeps all.
+        storage_options: Passed to the store untouched (credentials, endpoint).
+        store: An open store rooted at ``url`` to use instead of a new one.
+        cache_dir: Where indexes live (under ``index/``); default
+            :func:`fastdata.config.default_cache_dir`.
+        consistency: ``validate`` (the default) lists and compares sizes and ETags,
+            rebuilding the index (only changed objects are scanned again) when they
+            differ, so added, removed and overwritten objects are seen at once;
+            ``immutable`` trusts a saved index without listing (for huge, frozen
+            datasets: a changed object then fails its read with ``ObjectChangedError``
+            rather than serve old bytes).
+        strict: With ``validate``, refuse a changed dataset instead of warning.
+        **layout_options: The layout's options: ``labels`` (files); ``decode_cls`` and
+            ``on_truncated`` (tar).
+
+    Returns:
+        The opened index.
+
+    Raises:
+        ConfigError: A bad argument, nothing to index, or an ambiguous layout.
+        ObjectChangedError: ``strict=True`` and the dataset changed.
+        CorruptRecordError: A shard is malformed (names the object and offset).
+        StoreError: The store failed.
+    """
+    url = normalize_url(url)
+    if consistency not in ("immutable", "validate"):
+        raise ConfigError(f"consistency must be 'immutable' or 'validate', got {consistency!r}")
+    if not isinstance(strict, bool):
+        raise ConfigError(f"strict must be True or False, got {strict!r}")
+    if pattern is not None and (not isinstance(pattern, str) or not pattern):
+        raise ConfigError(f"pattern must be a non-empty glob such as '**/*.jpg', got {pattern!r}")
+    if layout is not None:
+        make_layout(layout, fields=fields, **layout_options)
+    if store is None:
+        store = Store(url, storage_options=storage_options)
+    elif normalize_url(store.url) != url:
+        raise ConfigError(
+            f"store is rooted at {store.url!r}, not at the dataset URL {url!r}; pass a store "
+            "opened on the dataset URL, or none"
+        )
+    base = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    request = _Request(url, store, layout, pattern, fields, layout_options, storage_options)
+    versions = TableVersions(base / "index" / request.key())
+    try:
+        if consistency == "immutable":
+            return _open_trusting(versions, request)
+        return _open_validated(versions, request, strict)
+    except FastdataError:
+        raise
+    except OSError as exc:
+        # The store's errors are ours already: this is the index directory.
+        raise CacheError(
+            f"cannot save the index of {url} under {versions.root}: {exc}; free space there "
+            "or point FASTDATA_CACHE_DIR (cache_dir=) at another directory"
+        ) from exc
+
+
+def _using(index: SampleIndex, how: str) -> SampleIndex:
+    age_s = max(0.0, time.time() - index.built_at) if index.built_at else float("nan")
+    logger.info(
+        "%s: using the saved index %s (%s; built %.0f s ago; %d samples)",
+        index.url,
+        index.path,
+        how,
+        age_s,
+        len(index),
+    )
+    return index
+
+
+def _open_trusting(versions: TableVersions, request: _Request) -> SampleIndex:
+    found = request.wrap(versions.current())
+    if found is not None:
+        return _using(found, "consistency='immutable': not compared with the store")
+    with _writable(versions, request) as (target, writable):
+        found = request.wrap(target.current()) if writable else None
+        if found is not None:  # another process built it while we waited
+            return _using(found, "built by another process")
+        return SampleIndex(
+            build(request.store, target, request.select(), None),
+            storage_options=request.storage_options,
+        )
+
+
+def _open_validated(versions: TableVersions, request: _Request, strict: bool) -> SampleIndex:
+    selection = request.select()
+    found = request.wrap(versions.current())
+    if found is not None and found.fingerprint == selection.fingerprint:
+        return _using(found, "the listing matches it")
+    with _writable(versions, request) as (target, writable):
+        if writable:
+            found = request.wrap(target.current())
+        if found is not None and found.fingerprint == selection.fingerprint:
+            return _using(found, "the listing matches it")
+        if found is not None:
+            _report_changes(found, selection, strict)
+        previous = found._table if found is not None else None
+        table = build(request.store, target, selection, previous)
+        return SampleIndex(table, storage_options=request.storage_options)
+
+
+_warned_unwritable: set[str] = set()
+
+
+@contextlib.contextmanager
+def _writable(versions: TableVersions, request: _Request) -> Iterator[tuple[TableVersions, bool]]:
+    """The saved versions with their builders' lock held, or, where the cache directory
+    cannot be written (read-only, uncreatable), a private temporary directory with one
+    warning: the index is then built in memory's stead and rebuilt by every open."""
+    held = versions.lock()
+    try:
+        held.__enter__()
+    except OSError as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+    else:
+        try:
+            yield versions, True
+        finally:
+            held.__exit__(None, None, None)
+        return
+    where = str(versions.root.parent)
+    if where not in _warned_unwritable:
+        _warned_unwritable.add(where)
+        message = (
+            f"cannot save the index of {request.url} under {where} ({reason}); building it "
+            "in a temporary directory instead, so every open lists and scans the dataset "
+            "again. Point FASTDATA_CACHE_DIR (cache_dir=) at a writable directory"
+        )
+        logger.warning(message)
+    scratch = Path(tempfile.mkdtemp(prefix="fastdata-index-")) / "index"
+    scratch.mkdir()
+    yield TableVersions(scratch), False

@@ -1,0 +1,270 @@
+"""Fetching and decoding the samples of an index: fetch units, shared ranges, requests.
+
+:func:`plan_units` groups byte ranges into the units one ``Store.get_many`` fetches;
+:class:`UnitReader` reads the samples of one saved table through its layout (what
+``SampleIndex.read_samples`` runs), through the kept rows of shared ranges
+(NOTE[shared-ranges], NOTE[shard-chunks] in ``fastdata/layouts/ranges.py``) where the
+layout has them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from fastdata.errors import CorruptRecordError, ObjectChangedError
+from fastdata.layouts import Layout, Sample
+from fastdata.layouts.base import UnitView, corrupt
+from fastdata.layouts.ranges import CHUNK_STOP_RATIO, SharedRanges
+from fastdata.layouts.table import SampleTable
+from fastdata.store import ByteRange, Store
+
+__all__ = ["MAX_UNIT_BYTES", "MERGE_GAP_BYTES", "UnitReader", "plan_units"]
+
+MAX_UNIT_BYTES = 16 * 1024 * 1024
+"""A run of adjacent samples is fetched in pieces of about this size, so that one long
+run still spreads over concurrent requests. A single larger sample is one piece."""
+MERGE_GAP_BYTES = 4096
+"""Ranges of one object at most this far apart are fetched as one (tar padding, packed
+alignment, short skips): a few wasted bytes cost less than one more request."""
+
+
+def plan_units(
+    obj: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    max_unit_bytes: int = MAX_UNIT_BYTES,
+    gap_bytes: int = MERGE_GAP_BYTES,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Group byte ranges into fetch units: close or identical ranges of one object merge.
+
+    Relies on NOTE[row-ranges] in ``fastdata/layouts/base.py``.
+
+    Args:
+        obj: Object index of each range.
+        start: First byte of each range.
+        end: One past the last byte of each range.
+        max_unit_bytes: Split merged runs into pieces of about this size.
+        gap_bytes: Merge ranges separated by at most this many bytes.
+
+    Returns:
+        ``(unit_of, unit_obj, unit_start, unit_end)``: the unit of each range, and each
+        unit's object and byte span, units ordered by object then start.
+    """
+    n = len(obj)
+    order = np.lexsort((start, obj))
+    o, s, e = obj[order], start[order], end[order]
+    new = np.ones(n, dtype=bool)
+    new[1:] = (o[1:] != o[:-1]) | (s[1:] > e[:-1] + np.uint64(gap_bytes))
+    run_first = np.maximum.accumulate(np.where(new, np.arange(n), 0))
+    piece = (s - s[run_first]) // np.uint64(max(1, max_unit_bytes))
+    new[1:] |= piece[1:] != piece[:-1]
+    firsts = np.flatnonzero(new)
+    unit_of = np.empty(n, dtype=np.int64)
+    unit_of[order] = np.cumsum(new) - 1
+    return unit_of, o[firsts], s[firsts], np.maximum.reduceat(e, firsts)
+
+
+class UnitReader:
+    """Reads the samples of one saved table through its layout, for one ``SampleIndex``.
+
+    Args:
+        table: The saved sample table.
+        layout: The layout that decodes its samples.
+        url: The dataset URL (for messages and the shared ranges' name).
+    """
+
+    def __init__(self, table: SampleTable, layout: Layout, url: str) -> None:
+        self.table = table
+        self.layout = layout
+        self.url = url
+        self.chunk_bytes: int = int(getattr(layout, "chunk_bytes", 0) or 0)
+        """The fetch chunk of shard layouts (packed, tar), 0 for others (NOTE[shard-chunks])."""
+        self.identical = bool(getattr(layout, "shares_ranges", False))
+        """Whether rows share one fetch range (Parquet row groups, NOTE[row-ranges])."""
+        # NOTE[shared-ranges]: rows of a fetched row group (or chunk) kept until they are read.
+        self.shared: SharedRanges | None = None
+        if self.identical:
+            self.shared = SharedRanges(what=url)
+        elif self.chunk_bytes:
+            self.shared = SharedRanges(
+                what=url, kind=f"{layout.name} shard chunks", stop_ratio=CHUNK_STOP_RATIO
+            )
+        self._range_starts: np.ndarray | None = None
+
+    def range_starts(self) -> np.ndarray:
+        """The first sample id of every shared range: a run of rows with one fetch range
+        (Parquet), or a chunk: the rows of one object whose first byte lies in one
+        ``chunk_bytes``-aligned window of it, a sample larger than ``chunk_bytes`` alone
+        (NOTE[shard-chunks])."""
+        if self._range_starts is None:
+            rows = self.table.rows
+            obj, offset = np.asarray(rows["obj"]), np.asarray(rows["offset"])
+            chunked = bool(self.chunk_bytes) and not self.identical
+            if chunked:
+                offset = offset // np.uint64(self.chunk_bytes)
+            new = np.ones(len(obj), dtype=bool)
+            new[1:] = (obj[1:] != obj[:-1]) | (offset[1:] != offset[:-1])
+            if chunked:  # a sample larger than a chunk is a chunk of its own
+                big = np.asarray(rows["length"]) > np.uint64(self.chunk_bytes)
+                new[1:] |= big[1:] | big[:-1]
+            self._range_starts = np.flatnonzero(new)
+        return self._range_starts
+
+    def read(self, store: Store, ids: np.ndarray) -> list[Sample]:
+        """The samples of ``ids`` (checked, non-empty), in their order."""
+        if self.shared is not None and self.shared.keeping:
+            return self._read_shared(store, ids)
+        return self._read_units(store, ids)
+
+    def _read_shared(self, store: Store, ids: np.ndarray) -> list[Sample]:
+        """Read through the kept rows of shared ranges (NOTE[shared-ranges])."""
+        assert self.shared is not None
+        starts = self.range_starts()
+        total = len(self.table)
+        distinct = np.unique(ids)
+        range_of = np.searchsorted(starts, distinct, side="right") - 1
+        lengths = self.table.rows["length"]
+        wanted = set(distinct.tolist())
+
+        def fetch(rids: list[int]) -> dict[int, dict[int, tuple[Any, int]]]:
+            bounds = [
+                (int(starts[r]), int(starts[r + 1]) if r + 1 < len(starts) else total) for r in rids
+            ]
+            every = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in bounds])
+            if self.identical:
+                samples = self._read_units(store, every)
+            else:  # one GET per chunk, whatever the gaps inside it (NOTE[shard-chunks])
+                sizes = np.asarray([b - a for a, b in bounds], dtype=np.int64)
+                chunk_of = np.repeat(np.arange(len(rids)), sizes)
+                samples = self._read_units(store, every, chunk_of, wanted)
+            result: dict[int, dict[int, tuple[Any, int]]] = {}
+            pos = 0
+            for rid, (a, b) in zip(rids, bounds, strict=True):
+                if self.identical:
+                    share = [int(lengths[a]) // max(1, b - a)] * (b - a)
+                else:
+                    share = np.asarray(lengths[a:b]).astype(np.int64).tolist()
+                result[rid] = {
+                    a + i: (samples[pos + i], share[i])
+                    for i in range(b - a)
+                    if samples[pos + i] is not None
+                }
+                pos += b - a
+            return result
+
+        got = self.shared.read(distinct.tolist(), range_of.tolist(), fetch)
+        return [got[i] for i in ids.tolist()]
+
+    def _read_units(
+        self,
+        store: Store,
+        ids: np.ndarray,
+        chunk_of: np.ndarray | None = None,
+        wanted: set[int] | None = None,
+    ) -> list[Sample]:
+        """Fetch the units of ``ids`` in one ``get_many`` and decode them, in id order.
+
+        Args:
+            store: The store to read.
+            ids: Sample ids.
+            chunk_of: When given, the unit of each id (the ids of a unit consecutive in
+                one object): each unit is one request spanning its samples, instead of
+                the units ``plan_units`` makes.
+            wanted: When given, the ids the caller asked for: a sample outside them that
+                does not decode is returned as ``None`` instead of failing the read.
+        """
+        rows = self.table.rows[ids]
+        start, end = self.layout.fetch_spans(rows)
+        if chunk_of is None:
+            unit_of, unit_obj, unit_start, unit_end = plan_units(rows["obj"], start, end)
+        else:
+            unit_of = chunk_of
+            firsts = np.flatnonzero(np.diff(chunk_of, prepend=-1))
+            unit_obj, unit_start = rows["obj"][firsts], start[firsts]
+            unit_end = np.maximum.reduceat(end, firsts)
+        requests = [
+            self._request(int(o), int(s), int(e))
+            for o, s, e in zip(unit_obj, unit_start, unit_end, strict=True)
+        ]
+        try:
+            buffers = store.get_many(requests)
+        except ObjectChangedError as exc:
+            raise ObjectChangedError(
+                f"{exc}. The index of {self.url} was built before this object changed; "
+                "reopen the dataset with consistency='validate' (the default; "
+                "`--consistency validate` on the command line) to index its new version"
+            ) from exc
+        order = np.argsort(unit_of, kind="stable")
+        bounds = np.searchsorted(unit_of[order], np.arange(len(requests) + 1))
+        out: list[Sample | None] = [None] * len(ids)
+        for u, (req, raw) in enumerate(zip(requests, buffers, strict=True)):
+            members = order[bounds[u] : bounds[u + 1]]
+            span = (int(unit_obj[u]), int(unit_start[u]), int(unit_end[u]))
+            unit = self._unit(span, req, raw, rows[members], ids[members])
+            decoded: Sequence[Sample | None]
+            try:
+                decoded = self.layout.decode_unit(unit)
+            except CorruptRecordError:
+                if wanted is None:
+                    raise
+                decoded = self._decode_each(unit, wanted)
+            for i, sample in zip(members.tolist(), decoded, strict=True):
+                out[i] = sample
+        # The units partition the ids, so every slot was filled above (a sample left
+        # ``None`` is one of a chunk's that nobody asked for and that does not decode).
+        return out  # type: ignore[return-value]
+
+    def _decode_each(self, unit: UnitView, wanted: set[int]) -> list[Sample | None]:
+        """Decode a unit's samples one by one: a sample that does not decode raises when
+        it was asked for, else it is left out (``None``), so that one bad sample of a
+        fetch chunk fails only the reads that ask for it (NOTE[shard-chunks])."""
+        out: list[Sample | None] = []
+        for k, sid in enumerate(unit.sample_ids.tolist()):
+            one = replace(unit, rows=unit.rows[k : k + 1], sample_ids=unit.sample_ids[k : k + 1])
+            try:
+                out.extend(self.layout.decode_unit(one))
+            except CorruptRecordError:
+                if sid in wanted:
+                    raise
+                out.append(None)
+        return out
+
+    def _request(self, obj: int, start: int, end: int) -> ByteRange:
+        info = self.table.object_info(obj)
+        if start == 0 and end == info.size:
+            return ByteRange(info.path, 0, None, info.etag)
+        return ByteRange(info.path, start, end, info.etag)
+
+    def _unit(
+        self,
+        span: tuple[int, int, int],
+        req: ByteRange,
+        raw: Any,
+        rows: np.ndarray,
+        ids: np.ndarray,
+    ) -> UnitView:
+        obj, start, end = span
+        view = memoryview(raw).cast("B")
+        if len(view) != end - start:
+            raise corrupt(
+                req.path,
+                start + min(len(view), end - start),
+                f"the store returned {len(view)} bytes for bytes [{start}, {end}); the object "
+                "is shorter than when it was indexed",
+                sample_id=int(ids[0]),
+            )
+        return UnitView(
+            path=req.path,
+            size=int(self.table.objects["size"][obj]),
+            extra=self.table.extra(obj),
+            object_key=self.table.digest(obj),
+            raw=raw,
+            view=view,
+            start=start,
+            rows=rows,
+            sample_ids=ids,
+        )
