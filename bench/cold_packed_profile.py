@@ -103,6 +103,7 @@ def one_pass(
     chunks: bool,
     cached: bool,
     profile: bool,
+    cache_overrides: dict[str, Any] | None = None,
 ) -> None:
     from fastdata.config import CacheConfig, FastdataConfig
     from fastdata.layouts.packed import PackedLayout
@@ -110,7 +111,14 @@ def one_pass(
     base = FastdataConfig.from_environ()
     settings = FastdataConfig(
         store=base.store,
-        cache=CacheConfig(**{**base.cache.__dict__, "dir": str(cache_dir), "enabled": cached}),
+        cache=CacheConfig(
+            **{
+                **base.cache.__dict__,
+                "dir": str(cache_dir),
+                "enabled": cached,
+                **(cache_overrides or {}),
+            }
+        ),
         prefetch=base.prefetch,
     )
     saved = PackedLayout.chunk_bytes
@@ -231,14 +239,17 @@ def main() -> None:
                 f"{config.shard_samples}; {len(ranges)} ranges of 8 MiB; ceiling "
                 + ", ".join(f"c={c}: {v:,.0f} MB/s" for c, v in ceiling.items())
             )
-            variants = [
-                ("chunks (default), RAM + LMDB cache", True, True, True),
-                ("chunks, cache disabled (no record writes)", True, False, False),
-                ("no chunks (before issue 15), RAM + LMDB cache", False, True, False),
+            variants: list[tuple[str, bool, bool, bool, dict[str, Any]]] = [
+                ("chunks (default), RAM + LMDB cache", True, True, True, {}),
+                ("chunks, LMDB cache only (ram_bytes=0)", True, True, False, {"ram_bytes": 0}),
+                ("chunks, cache disabled (no record writes)", True, False, False, {}),
+                ("no chunks (before issue 15), RAM + LMDB cache", False, True, False, {}),
             ]
-            for k, (label, chunks, cached, profile) in enumerate(variants):
+            for k, (label, chunks, cached, profile, overrides) in enumerate(variants):
                 print(f"--- {label}")
-                one_pass(data, config, work / f"cache-{k}", best, chunks, cached, profile)
+                one_pass(
+                    data, config, work / f"cache-{k}", best, chunks, cached, profile, overrides
+                )
     finally:
         if data is not None:
             data.delete()

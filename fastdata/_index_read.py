@@ -9,7 +9,8 @@ layout has them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Sequence, Set
 from dataclasses import replace
 from typing import Any
 
@@ -18,7 +19,7 @@ import numpy as np
 from fastdata.errors import CorruptRecordError, ObjectChangedError
 from fastdata.layouts import Layout, Sample
 from fastdata.layouts.base import UnitView, corrupt
-from fastdata.layouts.ranges import CHUNK_STOP_RATIO, SharedRanges
+from fastdata.layouts.ranges import CHUNK_STOP_RATIO, ROW_OVERHEAD_BYTES, SharedRanges
 from fastdata.layouts.table import SampleTable
 from fastdata.store import ByteRange, Store
 
@@ -94,6 +95,7 @@ class UnitReader:
                 what=url, kind=f"{layout.name} shard chunks", stop_ratio=CHUNK_STOP_RATIO
             )
         self._range_starts: np.ndarray | None = None
+        self._kept_bytes: np.ndarray | None = None
 
     def range_starts(self) -> np.ndarray:
         """The first sample id of every shared range: a run of rows with one fetch range
@@ -120,42 +122,72 @@ class UnitReader:
             return self._read_shared(store, ids)
         return self._read_units(store, ids)
 
+    def hint(self, store: Store, ids: np.ndarray) -> None:
+        """The samples read next (checked, in order): plan the readahead of their shared
+        ranges (NOTE[range-readahead]). Fetches nothing by itself."""
+        if self.shared is None or not self.shared.keeping or len(ids) == 0:
+            return
+        range_of = np.searchsorted(self.range_starts(), ids, side="right") - 1
+        _, first = np.unique(range_of, return_index=True)
+        order = range_of[np.sort(first)]
+        sizes = self._range_bytes()[order]
+        self.shared.plan_ahead(
+            list(zip(order.tolist(), sizes.tolist(), strict=True)),
+            functools.partial(self._fetch_ranges, store, frozenset()),
+        )
+
+    def _range_bytes(self) -> np.ndarray:
+        """Estimated bytes of each shared range's rows as kept (NOTE[shared-ranges])."""
+        if self._kept_bytes is None:
+            starts = self.range_starts()
+            lengths = np.asarray(self.table.rows["length"]).astype(np.int64)
+            if self.identical:  # the rows share their range's one span
+                per = lengths[starts]
+            else:
+                per = np.add.reduceat(lengths, starts) if len(lengths) else lengths
+            counts = np.diff(np.append(starts, len(self.table)))
+            self._kept_bytes = per + counts * ROW_OVERHEAD_BYTES
+        return self._kept_bytes
+
+    def _fetch_ranges(
+        self, store: Store, wanted: Set[int], rids: list[int]
+    ) -> dict[int, dict[int, tuple[Any, int]]]:
+        """Fetch whole shared ranges: ``{range id: {sample id: (sample, bytes)}}``; a
+        sample outside ``wanted`` that does not decode is left out (NOTE[shard-chunks])."""
+        starts = self.range_starts()
+        total = len(self.table)
+        lengths = self.table.rows["length"]
+        bounds = [
+            (int(starts[r]), int(starts[r + 1]) if r + 1 < len(starts) else total) for r in rids
+        ]
+        every = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in bounds])
+        if self.identical:
+            samples = self._read_units(store, every)
+        else:  # one GET per chunk, whatever the gaps inside it (NOTE[shard-chunks])
+            sizes = np.asarray([b - a for a, b in bounds], dtype=np.int64)
+            chunk_of = np.repeat(np.arange(len(rids)), sizes)
+            samples = self._read_units(store, every, chunk_of, wanted)
+        result: dict[int, dict[int, tuple[Any, int]]] = {}
+        pos = 0
+        for rid, (a, b) in zip(rids, bounds, strict=True):
+            if self.identical:
+                share = [int(lengths[a]) // max(1, b - a)] * (b - a)
+            else:
+                share = np.asarray(lengths[a:b]).astype(np.int64).tolist()
+            result[rid] = {
+                a + i: (samples[pos + i], share[i])
+                for i in range(b - a)
+                if samples[pos + i] is not None
+            }
+            pos += b - a
+        return result
+
     def _read_shared(self, store: Store, ids: np.ndarray) -> list[Sample]:
         """Read through the kept rows of shared ranges (NOTE[shared-ranges])."""
         assert self.shared is not None
-        starts = self.range_starts()
-        total = len(self.table)
         distinct = np.unique(ids)
-        range_of = np.searchsorted(starts, distinct, side="right") - 1
-        lengths = self.table.rows["length"]
-        wanted = set(distinct.tolist())
-
-        def fetch(rids: list[int]) -> dict[int, dict[int, tuple[Any, int]]]:
-            bounds = [
-                (int(starts[r]), int(starts[r + 1]) if r + 1 < len(starts) else total) for r in rids
-            ]
-            every = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in bounds])
-            if self.identical:
-                samples = self._read_units(store, every)
-            else:  # one GET per chunk, whatever the gaps inside it (NOTE[shard-chunks])
-                sizes = np.asarray([b - a for a, b in bounds], dtype=np.int64)
-                chunk_of = np.repeat(np.arange(len(rids)), sizes)
-                samples = self._read_units(store, every, chunk_of, wanted)
-            result: dict[int, dict[int, tuple[Any, int]]] = {}
-            pos = 0
-            for rid, (a, b) in zip(rids, bounds, strict=True):
-                if self.identical:
-                    share = [int(lengths[a]) // max(1, b - a)] * (b - a)
-                else:
-                    share = np.asarray(lengths[a:b]).astype(np.int64).tolist()
-                result[rid] = {
-                    a + i: (samples[pos + i], share[i])
-                    for i in range(b - a)
-                    if samples[pos + i] is not None
-                }
-                pos += b - a
-            return result
-
+        range_of = np.searchsorted(self.range_starts(), distinct, side="right") - 1
+        fetch = functools.partial(self._fetch_ranges, store, set(distinct.tolist()))
         got = self.shared.read(distinct.tolist(), range_of.tolist(), fetch)
         return [got[i] for i in ids.tolist()]
 
@@ -164,7 +196,7 @@ class UnitReader:
         store: Store,
         ids: np.ndarray,
         chunk_of: np.ndarray | None = None,
-        wanted: set[int] | None = None,
+        wanted: Set[int] | None = None,
     ) -> list[Sample]:
         """Fetch the units of ``ids`` in one ``get_many`` and decode them, in id order.
 
@@ -218,7 +250,7 @@ class UnitReader:
         # ``None`` is one of a chunk's that nobody asked for and that does not decode).
         return out  # type: ignore[return-value]
 
-    def _decode_each(self, unit: UnitView, wanted: set[int]) -> list[Sample | None]:
+    def _decode_each(self, unit: UnitView, wanted: Set[int]) -> list[Sample | None]:
         """Decode a unit's samples one by one: a sample that does not decode raises when
         it was asked for, else it is left out (``None``), so that one bad sample of a
         fetch chunk fails only the reads that ask for it (NOTE[shard-chunks])."""

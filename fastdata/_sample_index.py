@@ -268,6 +268,16 @@ class SampleIndex:
                     sample[name] = value
         return out
 
+    def hint(self, store: Store, sample_ids: Any) -> None:
+        """The samples read next, in order (the cache's hint): plan the readahead of
+        their Parquet row groups or shard chunks (NOTE[range-readahead] in
+        ``fastdata/layouts/ranges.py``). Fetches nothing by itself.
+
+        Raises:
+            ConfigError: An id is out of range.
+        """
+        self._reader.hint(store, self._ids(sample_ids))
+
     def source(self, store: Store | None = None) -> IndexSource:
         """This index bound to a store: the cache's ``SampleSource``.
 
@@ -331,6 +341,10 @@ class IndexSource:
         """The samples as :meth:`SampleIndex.read_samples` reads them, without the fields
         that come from the table: what the cache stores (NOTE[cache-keys])."""
         return self.index.read_samples(self.store, sample_ids, index_fields=False)
+
+    def hint(self, sample_ids: Any) -> None:
+        """The samples read next, in order: see :meth:`SampleIndex.hint`."""
+        self.index.hint(self.store, sample_ids)
 
     def describe(self, sample_id: int) -> str:
         """See :meth:`SampleIndex.describe`."""

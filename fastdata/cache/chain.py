@@ -608,9 +608,17 @@ class ReadThroughCache:
                 flight.event.set()
 
     def hint(self, sample_ids: SampleIds) -> None:
-        """Announce the ids read next, in order; forwarded to every tier as keys."""
+        """Announce the ids read next, in order; forwarded to every tier as keys, and to
+        the source when it has a ``hint(ids)`` (its readahead plan)."""
         ids = self._check_ids(sample_ids)
-        if not ids or not self.tiers:
+        if not ids:
+            return
+        # NOTE[range-readahead]: the source plans its readahead; it starts only when a
+        # read misses every tier, so a warm epoch fetches nothing ahead.
+        source_hint = getattr(self.source, "hint", None)
+        if callable(source_hint):
+            source_hint(ids)
+        if not self.tiers:
             return
         keys = self.source.keys(ids)
         for tier in self.tiers:

@@ -59,7 +59,14 @@ from typing import Any
 
 from fastdata._fork import reset_in_forked_child
 
-__all__ = ["CHUNK_BYTES", "CHUNK_STOP_RATIO", "SHARED_RANGE_BYTES", "SharedRanges"]
+__all__ = [
+    "CHUNK_BYTES",
+    "CHUNK_STOP_RATIO",
+    "READAHEAD_RANGES",
+    "ROW_OVERHEAD_BYTES",
+    "SHARED_RANGE_BYTES",
+    "SharedRanges",
+]
 
 logger = logging.getLogger(__name__)
 

@@ -160,3 +160,35 @@ def test_cold_packed_epoch_in_two_worker_processes_fetches_each_chunk_at_most_tw
     gets = stats.store["requests"]
     assert gets <= 2 * request_bound(total), f"{gets} GETs in two workers"
     assert stats.store["bytes_read"] <= 2.05 * total
+
+
+def test_a_cold_epoch_reads_chunks_ahead_and_a_warm_epoch_reads_nothing(
+    s3_bucket: Any, tmp_path: Path
+) -> None:
+    """NOTE[range-readahead]: the cache's hint plans the chunks of the next batches; the
+    plan starts on a miss, so the cold epoch fetches chunks ahead of its batches (each
+    chunk still once) and the warm epoch that follows makes no request at all."""
+    blobs = payloads()
+    shards = packed_shards(blobs)
+    total = sum(len(b) for b in shards.values())
+    url = upload(s3_bucket, "packed-readahead", shards)
+    with Dataset(  # in order: the first batch needs one chunk, the plan the seven others
+        url,
+        shuffle=False,
+        storage_options=s3_bucket.storage_options,
+        cache_dir=tmp_path / "cache",
+    ) as ds:
+        samples, gets, fetched = cold_epoch(ds, batch_size=32)
+        assert sorted(int(s["__id__"]) for s in samples) == list(range(SAMPLES))
+        assert all(bytes(s["data"]) == blobs[int(s["__id__"])] for s in samples)
+        shared = ds.index._shared
+        assert shared is not None
+        assert shared.read_ahead > 0
+        assert gets <= request_bound(total)
+        assert fetched <= 1.05 * total
+        ds.runtime().cache.flush(timeout_s=60)
+        ahead = shared.read_ahead
+        warm, warm_gets, _ = cold_epoch(ds, batch_size=32)
+        assert sorted(int(s["__id__"]) for s in warm) == list(range(SAMPLES))
+        assert warm_gets == 0
+        assert shared.read_ahead == ahead
