@@ -7,6 +7,9 @@
   8 MiB ranges (``range_requests``), the read a loader that fetches shards in large
   ranges makes, at several concurrencies; reported as payload MB/s (the samples'
   bytes over the time to fetch every shard's bytes), so it compares with the systems.
+* Raw GET ceiling (S3 only): the same requests through a bare obstore ``S3Store`` (no
+  retry, no transfer check, no ETag pin), at the same concurrencies: what a 40-line
+  obstore loader reaches; the peers benchmark's GET ceiling is this one.
 * GET latency: one sample at a time, sequentially, through the same store.
 * LMDB read: a plain py-lmdb loop over the cache the cold epoch filled (same records,
   same batch size, shuffled), ``buffers=True``, each record copied once into an aligned
@@ -38,6 +41,7 @@ from fastdata.store import ByteRange, Store
 
 __all__ = [
     "get_latency_ms",
+    "raw_get_ceiling",
     "lmdb_read",
     "memcpy_gb_per_s",
     "range_requests",
@@ -124,6 +128,64 @@ def store_ceiling(
                 cpu[c] = (process_cpu_s() - cpu_before, cpu_spent(server_before, server_cpu_s()))
         if got < payload_bytes:
             raise RuntimeError(f"the store returned {got} bytes, expected {payload_bytes}")
+        out[c] = payload_bytes / seconds / 1e6
+    return out
+
+
+def raw_get_ceiling(
+    url: str,
+    storage_options: dict[str, Any],
+    requests: Sequence[ByteRange],
+    *,
+    payload_bytes: int,
+    concurrencies: Sequence[int],
+) -> dict[int, float]:
+    """Payload MB/s of bare obstore GETs of ``requests`` at each concurrency (S3 only).
+
+    The store's own settings (endpoint, credentials, client options) through
+    ``obstore.get_range_async`` with nothing of fastdata's around it: no retries, no
+    transfer verification, no ETag pin. An empty dict for a store that is not S3.
+    """
+    import asyncio
+
+    import obstore
+    from obstore.store import S3Store
+
+    from fastdata.store._s3options import obstore_s3_settings
+    from fastdata.store._url import parse_url
+
+    protocol, rest, _ = parse_url(url)
+    if protocol not in ("s3", "s3a"):
+        return {}
+    bucket, _, prefix = rest.partition("/")
+    settings = obstore_s3_settings(bucket, prefix, storage_options, StoreConfig())
+    spans = [(r.path, r.start, r.end) for r in requests]
+
+    async def run(store: Any, c: int, items: list[tuple[str, int, int | None]]) -> int:
+        it = iter(items)
+        got = 0
+
+        async def worker() -> None:
+            nonlocal got
+            for path, start, end in it:
+                if end is None:
+                    data = await (await obstore.get_async(store, path)).bytes_async()
+                else:
+                    data = await obstore.get_range_async(store, path, start=start, end=end)
+                got += len(memoryview(data))
+
+        await asyncio.gather(*(worker() for _ in range(min(c, len(items)))))
+        return got
+
+    out: dict[int, float] = {}
+    for c in concurrencies:
+        store = S3Store(**settings.kwargs)
+        asyncio.run(run(store, c, spans[:c]))  # connections, before the clock
+        started = time.perf_counter()
+        got = asyncio.run(run(store, c, spans))
+        seconds = time.perf_counter() - started
+        if got < payload_bytes:
+            raise RuntimeError(f"raw GETs returned {got} bytes, expected {payload_bytes}")
         out[c] = payload_bytes / seconds / 1e6
     return out
 

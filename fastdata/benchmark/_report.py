@@ -135,6 +135,8 @@ def _ratios(result: dict[str, Any]) -> dict[str, float]:
     if "fastdata_cold" in systems and limits.get("store_get_mb_per_s", 0) > 0:
         cold = systems["fastdata_cold"]["mb_per_s"]
         out["fastdata_cold_vs_store_ceiling"] = cold / limits["store_get_mb_per_s"]
+        if limits.get("raw_get_mb_per_s", 0) > 0:
+            out["fastdata_cold_vs_raw_get_ceiling"] = cold / limits["raw_get_mb_per_s"]
     return out
 
 
@@ -259,6 +261,13 @@ def print_report(result: dict[str, Any], console: Any = None) -> None:
         f"({limits['page_cache']}; {limits['lmdb_read_hot_mb_per_s']:,.1f} MB/s in memory); "
         f"memcpy {limits['memcpy_gb_per_s']:.1f} GB/s"
     )
+    if "raw_get_mb_per_s" in limits:
+        console.print(
+            f"raw GET ceiling {limits['raw_get_mb_per_s']:,.1f} MB/s (bare obstore, no retry, "
+            f"no transfer check, no ETag pin; the peers benchmark's GET ceiling): cold at "
+            f"{result['ratios'].get('fastdata_cold_vs_raw_get_ceiling', 0):.2f}x it, "
+            f"Store.get_many at {limits['store_get_mb_per_s'] / limits['raw_get_mb_per_s']:.2f}x it"
+        )
     if "range_get_mb_per_s" in limits:
         console.print(
             f"8 MiB-range ceiling {limits['range_get_mb_per_s']:,.1f} MB/s of payload "

@@ -256,6 +256,14 @@ def _store_limits(
         cpu=cpu,
     )
     client_s, server_s = cpu[best]
+    say(f"raw GET ceiling: bare obstore GETs of the same requests at concurrency {best}")
+    raw = _limits.raw_get_ceiling(
+        data.url,
+        data.storage_options,
+        requests,
+        payload_bytes=config.dataset_bytes,
+        concurrencies=(best,),
+    )
     say("single GET latency")
     latency = _limits.get_latency_ms(
         data.url, data.storage_options, requests, 20 if config.quick else 200
@@ -281,6 +289,7 @@ def _store_limits(
     return {
         **ranges,
         "store_get_mb_per_s": full[best],
+        **({"raw_get_mb_per_s": raw[best]} if raw else {}),
         "store_best_concurrency": best,
         "store_sweep_mb_per_s": {str(c): v for c, v in by_c.items()},
         "store_cpu_ms_per_sample": {

@@ -45,8 +45,9 @@ def run_bench(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> 
 def check_result(result: dict[str, Any]) -> None:
     samples = result["config"]["samples"]
     limits = result["limits"]
-    for key in ("store_get_mb_per_s", "lmdb_read_mb_per_s", "memcpy_gb_per_s"):
+    for key in ("store_get_mb_per_s", "raw_get_mb_per_s", "lmdb_read_mb_per_s", "memcpy_gb_per_s"):
         assert limits[key] > 0, key
+    assert result["ratios"]["fastdata_cold_vs_raw_get_ceiling"] > 0
     assert 0 < limits["get_latency_ms"]["p50"] <= limits["get_latency_ms"]["p99"]
     assert limits["lmdb_missing"] == 0
     assert set(result["systems"]) == set(SYSTEMS)
