@@ -54,8 +54,6 @@ from dataclasses import replace
 from typing import Any, Literal, cast
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -78,11 +76,13 @@ from fastdata.dataset import (
     check_on_error,
 )
 from fastdata.errors import ConfigError, CorruptRecordError
-from fastdata.index import SampleIndex, _mix, namespace_name, plan_units
+from fastdata.index import _mix, namespace_name
 from fastdata.plan import EpochOrder, EpochPlan, PlanConfig, ShuffleMode
 from fastdata.prefetch import Prefetcher
 from fastdata.spec import DatasetSpec
-from fastdata.store import ByteRange, Store
+from fastdata.store import Store
+from fastdata.tokens._parquet import ParquetPieces
+from fastdata.tokens._pieces import FlatPieces, TokenPieces, flat_dtype
 
 __all__ = ["BlockIndex", "ChunkReader", "TokenDataset"]
 
@@ -96,8 +96,6 @@ DEFAULT_WINDOW_CHUNKS = 8
 """Chunks per shuffle window of the chunk walk."""
 READAHEAD_THREADS = 4
 """Threads per process that read announced chunks ahead of the batches."""
-_DECODED_CACHE_BYTES = 256 * 1024 * 1024
-_FLAT_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "int64", "uint64")
 _CHUNK_FORMAT = 1
 """Bumped when a chunk record's content for the same key changes."""
 _WAIT_POLL_S = 1.0
@@ -113,29 +111,25 @@ def _word(text: str, person: bytes) -> np.uint64:
 
 
 class BlockIndex:
-    """The blocks and chunks of a token corpus over a :class:`SampleIndex` of its objects.
+    """The blocks and chunks of a token corpus over its :class:`TokenPieces` (the runs of
+    tokens one read decodes: a flat file, or one Parquet row group's column).
 
-    A *piece* is a run of tokens one read decodes: a whole flat file, or one Parquet row
-    group's column. ``piece_start[p]`` is the corpus position of piece ``p``'s first
-    token. Holds one entry per piece, never per block, chunk or token.
+    Holds one entry per piece, never per block, chunk or token.
     """
 
     def __init__(
         self,
-        base: SampleIndex,
+        pieces: TokenPieces,
         *,
         block_size: int,
         targets: bool,
         tail: Literal["drop", "pad"],
         pad_id: int,
-        dtype: np.dtype,
-        column: str | None,
-        piece_obj: np.ndarray,
-        piece_tokens: np.ndarray,
-        piece_group: np.ndarray,
-        piece_span: np.ndarray,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ) -> None:
+        base = pieces.base
+        self.pieces = pieces
+        """The corpus's pieces and the reads out of them."""
         self.base = base
         self.block_size = block_size
         self.length = block_size + 1 if targets else block_size
@@ -143,13 +137,9 @@ class BlockIndex:
         self.targets = targets
         self.tail = tail
         self.pad_id = pad_id
-        self.dtype = dtype
-        self.column = column
-        self.piece_obj = piece_obj
-        self.piece_group = piece_group
-        self.piece_span = piece_span
-        self.piece_start = np.concatenate([[0], np.cumsum(piece_tokens, dtype=np.int64)])
-        self.total_tokens = int(self.piece_start[-1])
+        self.dtype = dtype = pieces.dtype
+        self.column = column = pieces.column
+        self.total_tokens = pieces.total_tokens
         """Tokens in the corpus."""
         n, t = self.total_tokens, block_size
         inputs = max(0, n - 1) if targets else n
@@ -180,21 +170,17 @@ class BlockIndex:
         )
         self._prefix = np.frombuffer(self.dataset_id, dtype=np.uint8)
         objects = base._table.objects
-        self._piece_d0 = np.asarray(objects["d0"][piece_obj], dtype=np.uint64)
-        self._piece_d1 = np.asarray(objects["d1"][piece_obj], dtype=np.uint64)
+        self._piece_d0 = np.asarray(objects["d0"][pieces.piece_obj], dtype=np.uint64)
+        self._piece_d1 = np.asarray(objects["d1"][pieces.piece_obj], dtype=np.uint64)
         self._reset()
         reset_in_forked_child(self)
 
     def _reset(self) -> None:
-        self._lock = threading.Lock()
-        self._decoded: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._decoded_bytes = 0
         self._memo: dict[int, tuple[bytes, bytes]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_lock", "_decoded", "_decoded_bytes", "_memo"):
-            state.pop(name)
+        state.pop("_memo")
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -260,30 +246,13 @@ class BlockIndex:
         )
         return starts, ends
 
-    def _segments(self, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Every non-empty piece part of each range: (range, piece, first, end token in
-        the piece), ranges in order and pieces in corpus order within each."""
-        first = np.searchsorted(self.piece_start, starts, side="right") - 1
-        last = np.searchsorted(self.piece_start, np.maximum(ends - 1, starts), side="right") - 1
-        counts = np.maximum(last - first + 1, 0)
-        owner = np.repeat(np.arange(len(starts), dtype=np.int64), counts)
-        within = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(
-            np.cumsum(counts) - counts, counts
-        )
-        piece = first[owner] + within
-        base = self.piece_start[piece]
-        lo = np.maximum(starts[owner], base) - base
-        hi = np.minimum(ends[owner], self.piece_start[piece + 1]) - base
-        keep = hi > lo
-        return owner[keep], piece[keep], lo[keep], hi[keep]
-
     def _chunk_words(self, chunk_ids: Any, salt: np.uint64) -> np.ndarray:
         """One word per chunk folded from its parts' object versions and token ranges."""
         starts, ends = self.chunk_span(chunk_ids)
-        owner, piece, lo, hi = self._segments(starts, ends)
+        owner, piece, lo, hi = self.pieces.segments(starts, ends)
         first = np.searchsorted(owner, np.arange(len(starts)))
         k = (np.arange(len(owner)) - first[owner]).astype(np.uint64)
-        group = (self.piece_group[piece] + 1).astype(np.uint64)
+        group = (self.pieces.piece_group[piece] + 1).astype(np.uint64)
         w = np.full(len(owner), salt, dtype=np.uint64)
         for part in (k, hi.astype(np.uint64), lo.astype(np.uint64), group):
             w = _mix(part ^ w)
@@ -329,16 +298,17 @@ class BlockIndex:
         starts, ends = self.chunk_span([chunk_id])
         first = int(chunk_id) * self.chunk_blocks
         last = min(first + self.chunk_blocks, self.num_blocks) - 1
+        place = self.pieces.place(int(starts[0]))
         return (
             f"token chunk {chunk_id} (blocks {first}..{last}): corpus tokens "
-            f"[{int(starts[0])}, {int(ends[0])}) from {self._place(int(starts[0]))} of {self.url}"
+            f"[{int(starts[0])}, {int(ends[0])}) from {place} of {self.url}"
         )
 
     def read_chunks(self, store: Store, chunk_ids: Any) -> list[dict[str, np.ndarray]]:
         """Each chunk as ``{"tokens": its corpus tokens}`` (no padding), from the store."""
         ids = self._chunk_ids(chunk_ids)
         starts, ends = self.chunk_span(ids)
-        found = self._read_ranges(store, starts, ends)
+        found = self.pieces.read_ranges(store, starts, ends)
         for c, s, e, tokens in zip(
             ids.tolist(), starts.tolist(), ends.tolist(), found, strict=True
         ):
@@ -371,21 +341,12 @@ class BlockIndex:
         """Blocks per chunk (the shards of ``shuffle="shard_window"``)."""
         return self.chunk_sizes()
 
-    def _place(self, first: int) -> str:
-        p = int(np.searchsorted(self.piece_start, first, side="right")) - 1
-        p = min(max(p, 0), len(self.piece_obj) - 1)
-        path = self.base.object_info(int(self.piece_obj[p])).path
-        inside = first - int(self.piece_start[p])
-        if self.piece_group[p] >= 0:
-            return f"token {inside} of row group {int(self.piece_group[p])} of {path!r}"
-        return f"token {inside} of object {path!r}"
-
     def describe(self, sample_id: int) -> str:
         """Which tokens block ``sample_id`` holds and where they are."""
         first = int(sample_id) * self.block_size
         return (
             f"block {sample_id}: corpus tokens [{first}, {first + self.length}) from "
-            f"{self._place(first)} of {self.url}"
+            f"{self.pieces.place(first)} of {self.url}"
         )
 
     def source(self, store: Store | None = None) -> BlockSource:
@@ -408,7 +369,7 @@ class BlockIndex:
         starts = ids * self.block_size
         ends = np.minimum(starts + self.length, self.total_tokens)
         out = []
-        for b, got in enumerate(self._read_ranges(store, starts, ends)):
+        for b, got in enumerate(self.pieces.read_ranges(store, starts, ends)):
             if len(got) != int(ends[b] - starts[b]):
                 raise CorruptRecordError(
                     f"{self.describe(int(ids[b]))}: read {len(got)} tokens, expected "
@@ -420,99 +381,6 @@ class BlockIndex:
             tokens[len(got) :] = self.pad_id
             out.append({TOKENS: tokens})
         return out
-
-    def _read_ranges(self, store: Store, starts: np.ndarray, ends: np.ndarray) -> list[np.ndarray]:
-        """The corpus tokens ``[starts[i], ends[i])`` of each range (views where one read
-        holds a whole range)."""
-        owner, piece, lo, hi = self._segments(starts, ends)
-        parts = list(zip(owner.tolist(), piece.tolist(), lo.tolist(), hi.tolist(), strict=True))
-        if self.column is None:
-            chunks = self._read_flat(store, parts)
-        else:
-            chunks = self._read_parquet(store, parts)
-        found: list[list[np.ndarray]] = [[] for _ in range(len(starts))]
-        for (r, _, _, _), chunk in zip(parts, chunks, strict=True):
-            found[r].append(chunk)
-        empty = np.zeros(0, dtype=self.dtype)
-        return [f[0] if len(f) == 1 else np.concatenate(f) if f else empty for f in found]
-
-    def _read_flat(self, store: Store, parts: list[tuple[int, int, int, int]]) -> list[np.ndarray]:
-        size = self.dtype.itemsize
-        obj = np.array([self.piece_obj[p] for _, p, _, _ in parts], dtype=np.uint32)
-        start = np.array([lo * size for _, _, lo, _ in parts], dtype=np.uint64)
-        end = np.array([hi * size for _, _, _, hi in parts], dtype=np.uint64)
-        unit_of, unit_obj, unit_start, unit_end = plan_units(obj, start, end)
-        requests = []
-        for o, s, e in zip(unit_obj.tolist(), unit_start.tolist(), unit_end.tolist(), strict=True):
-            info = self.base.object_info(int(o))
-            requests.append(ByteRange(info.path, int(s), int(e), info.etag))
-        buffers = [memoryview(b).cast("B") for b in store.get_many(requests)]
-        out = []
-        for i, (_, _, lo, hi) in enumerate(parts):
-            u = int(unit_of[i])
-            begin = lo * size - int(unit_start[u])
-            view = buffers[u][begin : begin + (hi - lo) * size]
-            out.append(np.frombuffer(view, dtype=self.dtype))
-        return out
-
-    def _read_parquet(
-        self, store: Store, parts: list[tuple[int, int, int, int]]
-    ) -> list[np.ndarray]:
-        needed = sorted({p for _, p, _, _ in parts})
-        decoded = {p: self._cached(p) for p in needed}
-        missing = [p for p, found in decoded.items() if found is None]
-        if missing:
-            requests = []
-            for p in missing:
-                info = self.base.object_info(int(self.piece_obj[p]))
-                start, end = (int(x) for x in self.piece_span[p])
-                requests.append(ByteRange(info.path, start, end, info.etag))
-            for p, raw in zip(missing, store.get_many(requests), strict=True):
-                decoded[p] = self._decode_group(p, memoryview(raw).cast("B"))
-        return [decoded[p][lo:hi] for _, p, lo, hi in parts]  # type: ignore[index]
-
-    def _cached(self, piece: int) -> np.ndarray | None:
-        with self._lock:
-            found = self._decoded.get(piece)
-            if found is not None:
-                self._decoded.move_to_end(piece)
-            return found
-
-    def _decode_group(self, piece: int, view: memoryview) -> np.ndarray:
-        from fastdata.layouts.parquet import _RangeFile
-
-        obj = int(self.piece_obj[piece])
-        info = self.base.object_info(obj)
-        extra = self.base._table.extra(obj)
-        meta = self.base.layout._parse(info.path, info.size, extra)  # type: ignore[attr-defined]
-        group = int(self.piece_group[piece])
-        start = int(self.piece_span[piece][0])
-        try:
-            source = _RangeFile(info.size, start, view, info.path)
-            reader = pq.ParquetFile(pa.PythonFile(source, mode="r"), metadata=meta.metadata)
-            column = reader.read_row_group(group, columns=[self.column]).column(0)
-            chunk = column.combine_chunks()
-            values = cast("pa.ListArray[Any]", chunk).flatten()
-            if values.null_count:
-                raise ConfigError(f"column {self.column!r} of {info.path!r} has null tokens")
-            tokens = values.to_numpy(zero_copy_only=False).astype(self.dtype, copy=False)
-        except (pa.ArrowException, OSError) as exc:
-            raise CorruptRecordError(
-                f"row group {group} of {info.path!r} is unreadable ({exc})"
-            ) from exc
-        expected = int(self.piece_start[piece + 1] - self.piece_start[piece])
-        if len(tokens) != expected:
-            raise CorruptRecordError(
-                f"row group {group} of {info.path!r} holds {len(tokens)} tokens in column "
-                f"{self.column!r}, its footer says {expected}; rebuild the index"
-            )
-        with self._lock:
-            self._decoded[piece] = tokens
-            self._decoded_bytes += tokens.nbytes
-            while self._decoded_bytes > _DECODED_CACHE_BYTES and len(self._decoded) > 1:
-                _, old = self._decoded.popitem(last=False)
-                self._decoded_bytes -= old.nbytes
-        return np.asarray(tokens)
 
 
 class BlockSource:
@@ -948,76 +816,6 @@ class _TokenRuntime(DatasetRuntime):
             super().close()
 
 
-def _pieces_flat(base: SampleIndex, dtype: np.dtype) -> tuple[np.ndarray, ...]:
-    count = base.object_count
-    sizes = np.array([base.object_info(i).size for i in range(count)], dtype=np.int64)
-    odd = np.flatnonzero(sizes % dtype.itemsize)
-    if odd.size:
-        info = base.object_info(int(odd[0]))
-        raise ConfigError(
-            f"token file {info.path!r} is {info.size} bytes, not a multiple of "
-            f"{dtype.itemsize} ({dtype.name}); pass the dtype the file was written with"
-        )
-    objects = np.arange(count, dtype=np.int64)
-    empty = np.full(count, -1, dtype=np.int64)
-    return objects, sizes // dtype.itemsize, empty, np.zeros((count, 2), dtype=np.int64)
-
-
-def _pieces_parquet(base: SampleIndex, column: str) -> tuple[tuple[np.ndarray, ...], np.dtype]:
-    table = base._table
-    objects, tokens, groups, spans = [], [], [], []
-    dtype: np.dtype | None = None
-    for obj in range(base.object_count):
-        info = base.object_info(obj)
-        meta = base.layout._parse(info.path, info.size, table.extra(obj))  # type: ignore[attr-defined]
-        schema = meta.metadata.schema.to_arrow_schema()
-        kind = schema.field(column).type
-        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not (
-            pa.types.is_integer(kind.value_type)
-        ):
-            raise ConfigError(
-                f"column {column!r} of {info.path!r} is {kind}; a token column is a list of "
-                "integers (list<int32>, list<uint16>, ...)"
-            )
-        found = np.dtype(kind.value_type.to_pandas_dtype())
-        if dtype is not None and found != dtype:
-            raise ConfigError(
-                f"column {column!r} is list<{dtype}> in one file and list<{found}> in "
-                f"{info.path!r}; one corpus has one token type"
-            )
-        dtype = found
-        leaf = schema.get_field_index(column)
-        leaf_index = sum(_leaves(schema.types[i]) for i in range(leaf))
-        for group, span in enumerate(meta.spans):
-            if span is None:
-                continue
-            chunk = meta.metadata.row_group(group).column(leaf_index)
-            stats = chunk.statistics
-            if stats is None or stats.num_values is None:
-                raise ConfigError(
-                    f"{info.path!r} row group {group} has no statistics for {column!r}: "
-                    "write the files with statistics (pyarrow's default) to index tokens"
-                )
-            objects.append(obj)
-            tokens.append(int(stats.num_values))
-            groups.append(group)
-            spans.append(span)
-    if dtype is None:
-        raise ConfigError(f"no row groups with column {column!r} under {base.url}")
-    return (
-        np.array(objects, dtype=np.int64),
-        np.array(tokens, dtype=np.int64),
-        np.array(groups, dtype=np.int64),
-        np.array(spans, dtype=np.int64).reshape(-1, 2),
-    ), dtype
-
-
-def _leaves(kind: pa.DataType) -> int:
-    from fastdata.layouts._parquet_schema import _leaf_count
-
-    return _leaf_count(kind)
-
-
 class TokenDataset(Dataset):
     """A token corpus as blocks of exactly ``block_size`` tokens (NOTE[token-blocks]).
 
@@ -1133,23 +931,17 @@ class TokenDataset(Dataset):
         self.out_dtype = out_dtype
         self.window_chunks = window_chunks
         base = self.spec.open(self.spec.store(self.config.store), self.config.cache.resolved_dir())
-        if column is None:
-            token_dtype = _flat_dtype(dtype)
-            pieces = _pieces_flat(base, token_dtype)
-        else:
-            pieces, token_dtype = _pieces_parquet(base, column)
+        pieces: TokenPieces = (
+            FlatPieces.of(base, flat_dtype(dtype))
+            if column is None
+            else ParquetPieces.of(base, column)
+        )
         blocks = BlockIndex(
-            base,
+            pieces,
             block_size=block_size,
             targets=targets,
             tail=tail,
             pad_id=pad_id,
-            dtype=token_dtype,
-            column=column,
-            piece_obj=pieces[0],
-            piece_tokens=pieces[1],
-            piece_group=pieces[2],
-            piece_span=pieces[3],
             chunk_bytes=chunk_nbytes,
         )
         if blocks.num_blocks == 0:
@@ -1323,13 +1115,3 @@ def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
         return torch.empty(0, dtype=dtype).numpy().dtype
     except TypeError as exc:
         raise ConfigError(f"out_dtype {dtype} has no numpy equivalent; use an int dtype") from exc
-
-
-def _flat_dtype(dtype: str | np.dtype | None) -> np.dtype:
-    try:
-        found = np.dtype(dtype if dtype is not None else "uint16")
-    except TypeError as exc:
-        raise ConfigError(f"dtype {dtype!r} is not a numpy dtype") from exc
-    if found.name not in _FLAT_DTYPES:
-        raise ConfigError(f"dtype must be one of {', '.join(_FLAT_DTYPES)}, got {found}")
-    return found.newbyteorder("<")
