@@ -87,9 +87,10 @@ class ParquetPieces(TokenPieces):
         """
         objects, tokens, groups, spans = [], [], [], []
         dtype: np.dtype | None = None
+        table = base._table
         for obj in range(base.object_count):
             info = base.object_info(obj)
-            meta = base.layout._parse(info.path, info.size, base._table.extra(obj))  # type: ignore[attr-defined]
+            meta = base.layout._parse(info.path, info.size, table.extra(obj))  # type: ignore[attr-defined]
             schema = meta.metadata.schema.to_arrow_schema()
             dtype = _token_type(schema, column, info.path, dtype)
             leaf = schema.get_field_index(column)
