@@ -146,17 +146,31 @@ class TokenDataset(Dataset):
     ) -> None:
         IterableDataset.__init__(self)
         url = os.fspath(url) if isinstance(url, os.PathLike) else url
-        chunk_nbytes = _check_arguments(
-            block_size=block_size,
-            column=column,
-            dtype=dtype,
-            targets=targets,
-            tail=tail,
-            pad_id=pad_id,
-            out_dtype=out_dtype,
-            chunk_bytes=chunk_bytes,
-            window_chunks=window_chunks,
-        )
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ConfigError(f"block_size must be a positive int, got {block_size!r}")
+        if tail not in ("drop", "pad"):
+            raise ConfigError(f"tail must be 'drop' or 'pad', got {tail!r}")
+        if not isinstance(targets, bool):
+            raise ConfigError(f"targets must be True or False, got {targets!r}")
+        if not isinstance(out_dtype, torch.dtype):
+            raise ConfigError(f"out_dtype must be a torch dtype, got {out_dtype!r}")
+        if column is not None and (not isinstance(column, str) or not column):
+            raise ConfigError(f"column must be a Parquet column name, got {column!r}")
+        if column is not None and dtype is not None:
+            raise ConfigError("dtype is for flat token files; a Parquet column has its own type")
+        if not isinstance(pad_id, int) or isinstance(pad_id, bool):
+            raise ConfigError(f"pad_id must be an int, got {pad_id!r}")
+        if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int | str):
+            raise ConfigError(f"chunk_bytes must be an int or a size string, got {chunk_bytes!r}")
+        chunk_nbytes = parse_size(chunk_bytes)
+        if chunk_nbytes < 1:
+            raise ConfigError(f"chunk_bytes must be positive, got {chunk_bytes!r}")
+        if (
+            isinstance(window_chunks, bool)
+            or not isinstance(window_chunks, int)
+            or not 1 <= window_chunks <= 4096
+        ):
+            raise ConfigError(f"window_chunks must be an int in 1..4096, got {window_chunks!r}")
         self.on_error = check_on_error(on_error)
         layout = "files" if column is None else "parquet"
         self.spec = DatasetSpec(
@@ -351,51 +365,6 @@ class TokenDataset(Dataset):
         )
         self._prefetchers.add(prefetcher)
         return prefetcher
-
-
-def _check_arguments(
-    *,
-    block_size: int,
-    column: str | None,
-    dtype: str | np.dtype | None,
-    targets: bool,
-    tail: str,
-    pad_id: int,
-    out_dtype: torch.dtype,
-    chunk_bytes: int | str,
-    window_chunks: int,
-) -> int:
-    """Check :class:`TokenDataset`'s block and chunk arguments; ``chunk_bytes`` in bytes.
-
-    Raises:
-        ConfigError: Which argument is bad, and what it must be.
-    """
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ConfigError(f"block_size must be a positive int, got {block_size!r}")
-    if tail not in ("drop", "pad"):
-        raise ConfigError(f"tail must be 'drop' or 'pad', got {tail!r}")
-    if not isinstance(targets, bool):
-        raise ConfigError(f"targets must be True or False, got {targets!r}")
-    if not isinstance(out_dtype, torch.dtype):
-        raise ConfigError(f"out_dtype must be a torch dtype, got {out_dtype!r}")
-    if column is not None and (not isinstance(column, str) or not column):
-        raise ConfigError(f"column must be a Parquet column name, got {column!r}")
-    if column is not None and dtype is not None:
-        raise ConfigError("dtype is for flat token files; a Parquet column has its own type")
-    if not isinstance(pad_id, int) or isinstance(pad_id, bool):
-        raise ConfigError(f"pad_id must be an int, got {pad_id!r}")
-    if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int | str):
-        raise ConfigError(f"chunk_bytes must be an int or a size string, got {chunk_bytes!r}")
-    chunk_nbytes = parse_size(chunk_bytes)
-    if chunk_nbytes < 1:
-        raise ConfigError(f"chunk_bytes must be positive, got {chunk_bytes!r}")
-    if (
-        isinstance(window_chunks, bool)
-        or not isinstance(window_chunks, int)
-        or not 1 <= window_chunks <= 4096
-    ):
-        raise ConfigError(f"window_chunks must be an int in 1..4096, got {window_chunks!r}")
-    return chunk_nbytes
 
 
 @functools.cache

@@ -29,37 +29,8 @@ DECODED_CACHE_BYTES = 256 * 1024 * 1024
 
 
 class ParquetPieces(TokenPieces):
-    """The token column ``column`` of Parquet files: one piece per row group.
-
-    Args:
-        base: The index of the Parquet files.
-        column: The ``list<int>`` column.
-        dtype, piece_obj, piece_tokens, piece_group, piece_span: As for
-            :class:`TokenPieces`.
-    """
-
-    def __init__(
-        self,
-        base: SampleIndex,
-        *,
-        column: str,
-        dtype: np.dtype,
-        piece_obj: np.ndarray,
-        piece_tokens: np.ndarray,
-        piece_group: np.ndarray,
-        piece_span: np.ndarray,
-    ) -> None:
-        super().__init__(
-            base,
-            dtype=dtype,
-            piece_obj=piece_obj,
-            piece_tokens=piece_tokens,
-            piece_group=piece_group,
-            piece_span=piece_span,
-        )
-        self.column = column
-        self._reset()
-        reset_in_forked_child(self)
+    """The token column ``column`` of Parquet files: one piece per row group
+    (:meth:`of` builds them; the arguments are :class:`TokenPieces`'s)."""
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
@@ -112,12 +83,12 @@ class ParquetPieces(TokenPieces):
             raise ConfigError(f"no row groups with column {column!r} under {base.url}")
         return cls(
             base,
-            column=column,
             dtype=dtype,
             piece_obj=np.array(objects, dtype=np.int64),
             piece_tokens=np.array(tokens, dtype=np.int64),
             piece_group=np.array(groups, dtype=np.int64),
             piece_span=np.array(spans, dtype=np.int64).reshape(-1, 2),
+            column=column,
         )
 
     def read_parts(self, store: Store, parts: list[Part]) -> list[np.ndarray]:

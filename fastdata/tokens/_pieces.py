@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fastdata._fork import reset_in_forked_child
 from fastdata.errors import ConfigError
 from fastdata.index import SampleIndex, plan_units
 from fastdata.store import ByteRange, Store
@@ -35,10 +36,8 @@ class TokenPieces:
         piece_tokens: Tokens of each piece.
         piece_group: The Parquet row group of each piece (-1 for a flat file).
         piece_span: The byte range ``[start, end)`` of each Parquet row group.
+        column: The Parquet token column (``None``: flat token files).
     """
-
-    column: str | None = None
-    """The Parquet token column (``None``: flat token files)."""
 
     def __init__(
         self,
@@ -49,9 +48,11 @@ class TokenPieces:
         piece_tokens: np.ndarray,
         piece_group: np.ndarray,
         piece_span: np.ndarray,
+        column: str | None = None,
     ) -> None:
         self.base = base
         self.dtype = dtype
+        self.column = column
         self.piece_obj = piece_obj
         self.piece_group = piece_group
         self.piece_span = piece_span
@@ -59,6 +60,12 @@ class TokenPieces:
         """``piece_start[p]``: the corpus position of piece ``p``'s first token."""
         self.total_tokens = int(self.piece_start[-1])
         """Tokens in the corpus."""
+        self._reset()
+        reset_in_forked_child(self)
+
+    def _reset(self) -> None:
+        """Start this process's state afresh (at construction, unpickling and in a forked
+        child): none here; the Parquet pieces keep decoded row groups."""
 
     def segments(self, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, ...]:
         """Every non-empty piece part of each range: (range, piece, first, end token in
