@@ -16,8 +16,8 @@ from typing import Any, Literal
 import numpy as np
 
 from fastdata._fork import reset_in_forked_child
+from fastdata._index_keys import mix, namespace_name
 from fastdata.errors import ConfigError, CorruptRecordError
-from fastdata.index import _mix, namespace_name
 from fastdata.store import Store
 from fastdata.tokens._pieces import TokenPieces
 
@@ -183,12 +183,12 @@ class BlockIndex:
         group = (self.pieces.piece_group[piece] + 1).astype(np.uint64)
         w = np.full(len(owner), salt, dtype=np.uint64)
         for part in (k, hi.astype(np.uint64), lo.astype(np.uint64), group):
-            w = _mix(part ^ w)
-        w = _mix(self._piece_d1[piece] ^ w)
-        w = _mix(self._piece_d0[piece] ^ w)
+            w = mix(part ^ w)
+        w = mix(self._piece_d1[piece] ^ w)
+        w = mix(self._piece_d0[piece] ^ w)
         folded = np.bitwise_xor.reduceat(w, first) if len(w) else np.zeros(0, np.uint64)
         counts = np.diff(np.concatenate([first, [len(owner)]])).astype(np.uint64)
-        return _mix(folded ^ _mix(counts ^ salt))
+        return mix(folded ^ mix(counts ^ salt))
 
     def chunk_keys(self, chunk_ids: Any) -> list[bytes]:
         """16-byte cache keys: the namespace, then 8 bytes of the chunk's content
