@@ -16,7 +16,8 @@ from typing import Any, Literal
 import numpy as np
 
 from fastdata._fork import reset_in_forked_child
-from fastdata._index_keys import mix, namespace_name
+from fastdata._index_keys import mix
+from fastdata._source_base import BoundSource
 from fastdata.errors import ConfigError, CorruptRecordError
 from fastdata.store import Store
 from fastdata.tokens._pieces import TokenPieces
@@ -278,15 +279,13 @@ class BlockIndex:
         )
 
     def source(self, store: Store | None = None) -> BlockSource:
-        """This corpus's chunks bound to a store: the cache's ``SampleSource``."""
-        if store is None:
-            store = Store(self.url, storage_options=self.storage_options)
-        elif store.identity != self.store_identity:
-            raise ConfigError(
-                f"the token index of {self.url} was built from {self.store_identity}, but "
-                f"the store given reads {store.identity}"
-            )
-        return BlockSource(self, store)
+        """This corpus's chunks bound to a store (``None``: one on the corpus URL): the
+        cache's ``SampleSource``.
+
+        Raises:
+            ConfigError: ``store`` reads another server than the corpus was indexed from.
+        """
+        return BlockSource.bind(self, store)
 
     # -- reading ---------------------------------------------------------------------
 
@@ -311,28 +310,9 @@ class BlockIndex:
         return out
 
 
-class BlockSource:
+class BlockSource(BoundSource[BlockIndex]):
     """The chunks of a :class:`BlockIndex` bound to a :class:`Store`: the cache's
     ``SampleSource``, whose samples are chunks (NOTE[token-chunks])."""
-
-    def __init__(self, index: BlockIndex, store: Store) -> None:
-        self.index = index
-        self.store = store
-
-    @property
-    def dataset_id(self) -> bytes:
-        """The corpus's cache namespace."""
-        return self.index.dataset_id
-
-    @property
-    def url(self) -> str:
-        """The corpus URL."""
-        return self.index.url
-
-    @property
-    def name(self) -> str:
-        """What ``fastdata stats`` shows for the namespace (``index.namespace_name``)."""
-        return namespace_name(self.index.url, self.index.store_identity)
 
     def __len__(self) -> int:
         return self.index.num_chunks
