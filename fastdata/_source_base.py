@@ -1,8 +1,9 @@
 """What every cache ``SampleSource`` over an index shares: the index and the store it binds
 together, and the cache namespace it is read under (id, URL and the name shown for it).
 
-:class:`BoundSource` is the base of ``fastdata.tokens.BlockSource`` (token chunks), which
-adds its ``__len__``, ``keys``, ``fingerprints``, ``read_samples`` and ``describe``.
+:class:`BoundSource` is the base of ``fastdata.index.IndexSource`` (samples) and
+``fastdata.tokens.BlockSource`` (token chunks); each adds its ``__len__``, ``keys``,
+``fingerprints``, ``read_samples`` and ``describe``.
 """
 
 from __future__ import annotations
