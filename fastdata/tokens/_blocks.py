@@ -19,6 +19,7 @@ from fastdata._fork import reset_in_forked_child
 from fastdata._index_keys import mix
 from fastdata._source_base import BoundSource
 from fastdata.errors import ConfigError, CorruptRecordError
+from fastdata.layouts import Layout
 from fastdata.store import Store
 from fastdata.tokens._pieces import TokenPieces
 
@@ -85,7 +86,6 @@ class BlockIndex:
         self.dataset_id = base.dataset_id
         self.store_identity = base.store_identity
         self.storage_options = base.storage_options
-        self.layout = base.layout
         settings = json.dumps(
             [base.fingerprint, block_size, self.length, dtype.str, column, tail, pad_id]
         )
@@ -126,6 +126,12 @@ class BlockIndex:
             f"tokens={self.total_tokens}, dropped_tokens={self.dropped_tokens}, "
             f"chunks={self.num_chunks} of {self.chunk_blocks} blocks)"
         )
+
+    @property
+    def layout(self) -> Layout:
+        """The layout of the underlying object index (read through it, not kept: a
+        Parquet layout holds a lock, and the index pickles as its directory)."""
+        return self.base.layout
 
     @property
     def path(self) -> Any:
