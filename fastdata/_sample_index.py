@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from fastdata._index_keys import key_words, mix, namespace_name
+from fastdata._index_keys import key_words, mix
 from fastdata._index_read import UnitReader
+from fastdata._source_base import BoundSource
 from fastdata.errors import ConfigError
 from fastdata.layouts import Layout, Sample, make_layout
 from fastdata.layouts.ranges import SharedRanges
@@ -284,47 +285,23 @@ class SampleIndex:
         Args:
             store: The store to read from; ``None`` opens one on the index URL with the
                 storage options given to :func:`fastdata.index.open_index`.
+
+        Raises:
+            ConfigError: ``store`` reads another server than the index was built from.
         """
-        if store is None:
-            store = Store(self.url, storage_options=self.storage_options)
-        elif store.identity != self.store_identity:
-            raise ConfigError(
-                f"the index of {self.url} was built from {self.store_identity}, but the "
-                f"store given reads {store.identity}: open the index with that store's "
-                "storage options (each server has its own index and cache entries)"
-            )
-        return IndexSource(self, store)
+        return IndexSource.bind(self, store)
 
 
 def _reopen(directory: str, storage_options: dict[str, Any]) -> SampleIndex:
     return SampleIndex(SampleTable.open(Path(directory)), storage_options=storage_options)
 
 
-class IndexSource:
+class IndexSource(BoundSource[SampleIndex]):
     """A :class:`SampleIndex` bound to a :class:`Store` (the cache's ``SampleSource``).
 
     Pickles as configuration: the index as its directory, the store as its URL and
     options; each process maps and connects again.
     """
-
-    def __init__(self, index: SampleIndex, store: Store) -> None:
-        self.index = index
-        self.store = store
-
-    @property
-    def dataset_id(self) -> bytes:
-        """8-byte dataset id."""
-        return self.index.dataset_id
-
-    @property
-    def url(self) -> str:
-        """The dataset's normalized URL (the name the cache registers it under)."""
-        return self.index.url
-
-    @property
-    def name(self) -> str:
-        """What ``fastdata stats`` shows for the namespace (:func:`namespace_name`)."""
-        return namespace_name(self.index.url, self.index.store_identity)
 
     def __len__(self) -> int:
         return len(self.index)

@@ -27,7 +27,7 @@ Saving is atomic and safe between processes: NOTE[index-publish] in
 from __future__ import annotations
 
 from fastdata._index_build import save_index
-from fastdata._index_keys import mix, namespace_id, namespace_name
+from fastdata._index_keys import namespace_id, namespace_name
 from fastdata._index_open import Consistency as Consistency
 from fastdata._index_open import DatasetChangedWarning, open_index
 from fastdata._index_read import MAX_UNIT_BYTES as MAX_UNIT_BYTES
@@ -47,7 +47,3 @@ __all__ = [
     "plan_units",
     "save_index",
 ]
-
-_mix = mix
-"""The splitmix64 finaliser under its old name, which ``fastdata.tokens`` imports from
-here (new code imports ``mix`` from ``fastdata._index_keys``)."""

@@ -1,0 +1,63 @@
+"""fastdata.TokenDataset: a token corpus as exact ``[B, T]`` blocks for LLM training.
+
+The corpus is the concatenation, in index order (objects sorted by path; Parquet rows in
+row order), of every token of the selected objects: flat token files as nanoGPT
+(``train.bin``, ``np.uint16``) and Megatron (``*.bin``) write them, or one ``list<int>``
+column of Parquet files (documents back to back, no separator added: put an end-of-text
+token in the data). Block ``i`` is the tokens ``[i*T, i*T + L)`` of the corpus, where
+``L = T`` (``targets=False``) or ``T + 1`` (``targets=True``: the last token of block
+``i`` is the first of block ``i + 1``, so ``x, y = b[:, :-1], b[:, 1:]``).
+
+NOTE[token-blocks]: a block is one sample of the usual plan. Its id is its number, so
+the epoch plan (``EpochOrder``/``EpochPlan`` over block ids) orders blocks
+deterministically (a pure function of seed and epoch), gives every rank the same number
+of batches, and resumes exactly, in any world size. Every token lands in exactly one
+block per epoch (as an input token); the tail that does not fill a block is dropped and
+counted (``tail="drop"``, reported as ``dropped_tokens``) or padded with ``pad_id``
+(``tail="pad"``).
+
+NOTE[token-chunks]: blocks are small (2 KiB for ``T=1024`` ``uint16``), so a block is
+not the unit of reading or caching: per-block requests and cache entries cost 10-300x
+the raw read (docs/loader.md). The unit is a *chunk* of ``chunk_blocks`` consecutive
+blocks (about ``chunk_bytes``, 4 MiB by default): one cache entry (a record of one field
+``tokens``, the chunk's corpus tokens without padding) and, cold, one ranged read (one
+per file it crosses; a Parquet chunk decodes the row groups it covers, kept in a small
+per-process LRU). Chunk ``c`` holds blocks ``[c*C, (c+1)*C)``, so every block lies in
+exactly one chunk (with ``targets=True`` a chunk carries the one extra token its last
+block needs). Its cache key is the namespace and 8 bytes folded from the version (path,
+size, ETag digest) and token range of every object part it covers, and the token type
+(NOTE[cache-keys] in ``fastdata/index.py``): a changed or added object changes the keys
+of the chunks it touches only. A :class:`ChunkReader` per process keeps the chunks in
+use (an LRU of a few windows), reads the ones the prefetcher's hint announces ahead of
+the batches (a few threads), and a batch is one gather of its blocks out of those
+arrays into the output tensor. The default order (``shuffle=True``) is the *chunk
+walk*: chunks in a shuffled order, blocks shuffled within windows of ``window_chunks``
+chunks (NOTE[row-group-walk] in ``fastdata/spec.py``), so a cold epoch reads each chunk
+once and a warm one looks each up once; ``shuffle="global"`` is a uniform permutation of
+all blocks, which reads a chunk per block once the corpus exceeds the kept chunks
+(docs/plan.md, "Token chunk walk").
+
+The package, one job per module (each imports only those below it):
+
+* ``_dataset``: :class:`TokenDataset`, its arguments, the block order, batch gathering;
+* ``_chunks``: :class:`ChunkReader`, one process's kept chunks and read-ahead;
+* ``_blocks``: :class:`BlockIndex` (block and chunk ranges, cache keys, reads) and
+  :class:`BlockSource`, the cache's ``SampleSource`` over chunks;
+* ``_parquet`` and ``_pieces``: the corpus's pieces and the reads of token ranges out of
+  a ``list<int>`` Parquet column and out of flat token files.
+"""
+
+from fastdata.tokens._blocks import DEFAULT_CHUNK_BYTES, TOKENS, BlockIndex, BlockSource
+from fastdata.tokens._chunks import READAHEAD_THREADS, ChunkReader
+from fastdata.tokens._dataset import DEFAULT_WINDOW_CHUNKS, TokenDataset
+
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "DEFAULT_WINDOW_CHUNKS",
+    "READAHEAD_THREADS",
+    "TOKENS",
+    "BlockIndex",
+    "BlockSource",
+    "ChunkReader",
+    "TokenDataset",
+]
