@@ -177,7 +177,10 @@ def test_stats_with_workers_add_up_the_workers_counters(files_dataset: Any) -> N
     lmdb_cold = next(t for t in cold.cache["tiers"] if t["name"] == "lmdb")
     lmdb_warm = next(t for t in warm.cache["tiers"] if t["name"] == "lmdb")
     assert lmdb_cold["misses"] == 203
-    assert lmdb_warm["hits"] == 203
+    # Both workers' lookups of both epochs, added up. A second-epoch record its worker
+    # still had queued for the write-behind is served from the queue and counts as an
+    # LMDB miss (NOTE[write-behind]), so only the total is exact.
+    assert lmdb_warm["hits"] + lmdb_warm["misses"] == 2 * 203
 
 
 def _run_script(body: str, *args: Any, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -215,7 +218,11 @@ def test_node_counters_are_saved_without_close(files_dataset: Any, num_workers: 
     assert done.returncode == 0, done.stderr
     with LmdbTier(CacheConfig(dir=str(cache))) as tier:
         counters = tier.node_counters()
-    assert counters["hits"] >= 203
+    # Every lookup of both epochs reached the node's counters. Which of the second
+    # epoch's are hits depends on how far the write-behind had got (NOTE[write-behind]:
+    # a record still queued is served from the queue and counts as an LMDB miss), so the
+    # split between hits and misses is not asserted, only the total and the first epoch.
+    assert counters["hits"] + counters["misses"] >= 2 * 203
     assert counters["misses"] >= 203
 
 
