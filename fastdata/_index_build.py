@@ -5,6 +5,13 @@
 the previous version) and :func:`save_version` publishes the arrays under
 ``<cache_dir>/index/<spec key>/<source fingerprint>/`` (NOTE[index-publish] in
 ``fastdata/layouts/table.py``). :func:`save_index` saves a table made elsewhere.
+
+NOTE[scan-version]: a layout whose scans came to save more (tar member names) says so
+with a class attribute ``scan_version`` (read with :func:`scan_version`, 1 when absent);
+each saved version records the one its scans had. A version saved by an older scan is
+not used (:func:`is_current`): ``open_index`` builds again, in either consistency mode,
+and reuses none of its per-object scans. Neither the source fingerprint nor the cache
+keys change, so checkpoints, pack manifests and cached records stay valid.
 """
 
 from __future__ import annotations
@@ -28,7 +35,15 @@ from fastdata.layouts.base import BuildResult, CompanionLayout, ObjectScan
 from fastdata.layouts.table import SampleTable, TableVersions
 from fastdata.store import ObjectInfo, Store, glob_to_regex, normalize_url
 
-__all__ = ["Selection", "build", "save_index", "save_version", "select"]
+__all__ = [
+    "Selection",
+    "build",
+    "is_current",
+    "save_index",
+    "save_version",
+    "scan_version",
+    "select",
+]
 
 logger = logging.getLogger("fastdata.index")
 
@@ -100,6 +115,17 @@ def _matching(objects: Sequence[ObjectInfo], pattern: str | None) -> list[Object
     return [info for info in objects if regex.match(info.path)]
 
 
+def scan_version(layout: Layout) -> int:
+    """What the layout's scans save (NOTE[scan-version]); 1 when it does not say."""
+    return int(getattr(layout, "scan_version", 1))
+
+
+def is_current(index: SampleIndex) -> bool:
+    """Whether a saved version's scans are those its layout makes now (NOTE[scan-version])."""
+    saved = index._table.meta.get("scan_version", 1)
+    return isinstance(saved, int) and saved >= scan_version(index.layout)
+
+
 class _Reuse:
     """Scans of an unchanged object, taken from the previous index version."""
 
@@ -148,6 +174,7 @@ def save_version(versions: TableVersions, selection: Selection, result: BuildRes
         "built_at": time.time(),
         "fingerprint": selection.fingerprint,
         "layout_meta": result.meta,
+        "scan_version": scan_version(selection.layout),
     }
     built = versions.build_dir()
     try:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from fastdata._index_build import Selection, build, select
+from fastdata._index_build import Selection, build, is_current, select
 from fastdata._index_keys import spec_key
 from fastdata._sample_index import SampleIndex
 from fastdata.config import default_cache_dir
@@ -60,7 +60,20 @@ class _Request:
         )
 
     def wrap(self, table: SampleTable | None) -> SampleIndex | None:
-        return None if table is None else SampleIndex(table, storage_options=self.storage_options)
+        """The saved version opened, or None when there is none or its scans are older
+        than its layout's (NOTE[scan-version]: it is then built again, from scratch)."""
+        if table is None:
+            return None
+        index = SampleIndex(table, storage_options=self.storage_options)
+        if is_current(index):
+            return index
+        logger.info(
+            "index %s of %s was saved by an older %s scan: scanning the objects again",
+            table.directory,
+            self.url,
+            index.layout.name,
+        )
+        return None
 
     def select(self) -> Selection:
         """List the dataset and resolve its layout and pattern (:func:`select`)."""

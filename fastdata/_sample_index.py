@@ -18,10 +18,11 @@ import numpy as np
 from fastdata._index_keys import key_words, mix
 from fastdata._index_read import UnitReader
 from fastdata._source_base import BoundSource
-from fastdata.errors import ConfigError
+from fastdata.errors import ConfigError, CorruptRecordError
 from fastdata.layouts import Layout, Sample, make_layout
 from fastdata.layouts.ranges import SharedRanges
 from fastdata.layouts.table import SampleTable
+from fastdata.layouts.tar import member_names
 from fastdata.store import ObjectInfo, Store
 
 __all__ = ["IndexSource", "SampleIndex"]
@@ -201,6 +202,45 @@ class SampleIndex:
         unique, inverse = np.unique(objects, return_inverse=True)
         paths = [self._table.path(int(o)) for o in unique.tolist()]
         return [paths[i] for i in inverse.tolist()]
+
+    def member_names(self, sample_ids: Any) -> list[str]:
+        """Each tar sample's member name in its shard, the key its members share
+        (``Dataset(metadata=("__member__",))``; NOTE[tar-members]), read from the index.
+
+        Raises:
+            ConfigError: The layout is not tar, an id is out of range, or the index holds
+                no names (saved by ``save_index``).
+            CorruptRecordError: The saved names do not fit the table.
+        """
+        if self.layout.name != "tar":
+            raise ConfigError(
+                f"member names are kept by the 'tar' layout only; {self.url} has the "
+                f"{self.layout.name!r} layout (its object keys are '__key__')"
+            )
+        ids = self._ids(sample_ids)
+        objects = self._table.rows["obj"][ids]
+        out: list[str] = [""] * len(ids)
+        for obj in np.unique(objects).tolist():
+            where = np.flatnonzero(objects == obj)
+            first = int(np.searchsorted(self._table.rows["obj"], obj))
+            try:
+                names = member_names(self._table.extra_view(obj), ids[where] - first)
+            except (ValueError, IndexError, KeyError, TypeError, AttributeError) as exc:
+                raise CorruptRecordError(
+                    f"the member names saved in index {self.path} for object "
+                    f"{self._table.path(obj)!r} are malformed ({exc}): delete {self.path} "
+                    "to index the dataset again"
+                ) from exc
+            if names is None:
+                raise ConfigError(
+                    f"index {self.path} of {self.url} holds no tar member names (object "
+                    f"{self._table.path(obj)!r}): it was saved by save_index or an older "
+                    "fastdata. Delete it and open the dataset again to scan the shards, "
+                    "or leave '__member__' out of metadata"
+                )
+            for i, name in zip(where.tolist(), names, strict=True):
+                out[i] = name
+        return out
 
     def shard_sizes(self) -> np.ndarray:
         """Samples per source object, in id order (the shards of ``shard_window``)."""

@@ -71,8 +71,11 @@ from fastdata.plan import EpochOrder, EpochPlan, PlanConfig, ShuffleMode
 from fastdata.prefetch import Prefetcher
 from fastdata.spec import DatasetSpec, epoch_order
 
-METADATA = frozenset({"__key__"})
+METADATA = frozenset({"__key__", "__member__"})
 """Names ``Dataset(metadata=...)`` accepts."""
+
+METADATA_LAYOUTS: dict[str, tuple[str, ...]] = {"__member__": ("tar",)}
+"""The layouts that have a metadata name (a name not here: every layout)."""
 
 __all__ = [
     "ID_KEY",
@@ -127,8 +130,13 @@ class Dataset(IterableDataset[Any]):
             row or member count); ``"skip"`` logs it, counts it
             (:attr:`skipped_samples`) and leaves it out of its batch.
         metadata: Per-sample metadata to add to every batch, from the sample table (it
-            costs no read and no cache space): ``"__key__"``, each sample's object key
-            relative to ``url`` (a list of ``str``).
+            costs no read and no cache space), each a list of ``str`` (a ``str`` in the
+            sample a ``transform`` sees): ``"__key__"``, each sample's object key
+            relative to ``url`` (the shard's, for tar); ``"__member__"`` (tar only),
+            the member name the sample's members share inside their shard, what
+            WebDataset calls the sample's ``__key__`` (``train/00001`` for
+            ``train/00001.jpg`` and ``train/00001.cls``). An index saved before fastdata
+            stored member names is scanned again when opened.
 
     Raises:
         ConfigError: A bad argument, or nothing to read at ``url``.
@@ -166,6 +174,8 @@ class Dataset(IterableDataset[Any]):
                 f"metadata must be a sequence of {sorted(METADATA)}, got {metadata!r}"
             )
         self.metadata = tuple(dict.fromkeys(metadata))
+        if layout is not None:
+            _check_metadata_layout(self.metadata, layout)
         self.on_error: OnError = check_on_error(on_error)
         self.spec = DatasetSpec(
             url,
@@ -189,6 +199,9 @@ class Dataset(IterableDataset[Any]):
         self.index: SampleIndex = self.spec.open(
             self.spec.store(self.config.store), self.config.cache.resolved_dir()
         )
+        _check_metadata_layout(self.metadata, self.index.layout.name)
+        if "__member__" in self.metadata and len(self.index):
+            self.index.member_names([0])  # the names are there (ConfigError: what to do)
         self.field_kinds: dict[str, str] = self.index.field_kinds
         """NOTE[field-kinds]: each field's kind from the schema (``SampleIndex.field_kinds``)."""
         self.epoch = 0
@@ -372,6 +385,8 @@ class Dataset(IterableDataset[Any]):
                 batch[name] = torch.from_numpy(values)
         if "__key__" in self.metadata:
             batch["__key__"] = self.index.object_keys(ids)
+        if "__member__" in self.metadata:
+            batch["__member__"] = self.index.member_names(ids)
         batch[ID_KEY] = torch.from_numpy(np.array(ids, dtype=np.int64))
         return batch
 
@@ -561,3 +576,16 @@ def _merge_config(
         return config
     fields = {**config.cache.__dict__, **changes}
     return FastdataConfig(store=config.store, cache=CacheConfig(**fields), prefetch=config.prefetch)
+
+
+def _check_metadata_layout(metadata: Sequence[str], layout: str) -> None:
+    """ConfigError when a metadata name is not offered by ``layout``."""
+    for name in metadata:
+        have = METADATA_LAYOUTS.get(name)
+        if have is not None and layout not in have:
+            offered = sorted(m for m in METADATA if layout in METADATA_LAYOUTS.get(m, (layout,)))
+            raise ConfigError(
+                f"metadata {name!r} is kept by the {', '.join(map(repr, have))} layout only, "
+                f"and this dataset has the {layout!r} layout: its metadata must be among "
+                f"{offered}"
+            )

@@ -195,6 +195,12 @@ class SampleTable:
         start, end = self._span("extra_end", i)
         return self._extras[start:end].tobytes()
 
+    def extra_view(self, i: int) -> np.ndarray:
+        """The layout's bytes for object ``i`` as a ``uint8`` array mapping the file
+        (no copy: for readers of a few bytes of a large extra, tar member names)."""
+        start, end = self._span("extra_end", i)
+        return np.asarray(self._extras[start:end])
+
     def digest(self, i: int) -> bytes:
         """The 16-byte digest of object ``i``."""
         return np.array([self.objects["d0"][i], self.objects["d1"][i]], dtype="<u8").tobytes()

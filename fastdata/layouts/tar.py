@@ -27,6 +27,15 @@ A sidecar ``<shard>.tar.fdidx`` (:func:`write_tar_index`, ``fastdata pack --inde
 holds a shard's member table with the shard's size and ETag; when it is listed beside a
 shard and matches it, the shard's rows come from the sidecar and no shard byte is read.
 
+NOTE[tar-members]: a shard's scan saves, in its per-object extra bytes, a JSON head
+(``{"fields": {field: samples}, "names": n}``), a newline, then the member name of each
+of its ``n`` samples (the key its members share, ``train/00001``: what WebDataset calls
+the sample's ``__key__``) as ``n`` little-endian ``uint32`` end offsets and the UTF-8
+names back to back. ``Dataset(metadata=("__member__",))`` reads them from the index with
+no request (:func:`member_names`); sidecars hold every member's name, so a build from
+sidecars saves them too. Indexes saved before names were stored hold the JSON head alone
+and a ``scan_version`` below 2: they are scanned again when opened (NOTE[scan-version]).
+
 Each sample row covers the bytes from its first header to the end of its last member's
 data, so one sample (or a run of consecutive samples) is one ranged read.
 
@@ -93,6 +102,7 @@ __all__ = [
     "SIDECAR_SUFFIX",
     "SIDECAR_VERSION",
     "TarLayout",
+    "member_names",
     "split_member_name",
     "walk_shard",
     "write_tar_index",
@@ -105,8 +115,48 @@ def _field_counts(extra: bytes) -> dict[str, int] | None:
     """The per-field sample counts a scan saved in its extra bytes (None: none saved)."""
     if not extra:
         return None
-    found = json.loads(extra).get("fields")
+    found = json.loads(extra.partition(b"\n")[0]).get("fields")
     return found if isinstance(found, dict) else None
+
+
+def _scan_extra(counts: Mapping[str, int], names: Sequence[str]) -> bytes:
+    """A shard's extra bytes (NOTE[tar-members]): the JSON head, then the member names."""
+    head = json.dumps(
+        {"fields": dict(sorted(counts.items())), "names": len(names)}, separators=(",", ":")
+    )
+    encoded = [name.encode("utf-8", "surrogateescape") for name in names]
+    ends = np.cumsum([len(e) for e in encoded], dtype=np.int64)
+    if len(ends) and ends[-1] > 0xFFFFFFFF:
+        raise ConfigError(f"the member names of one tar shard exceed 4 GiB ({ends[-1]} bytes)")
+    return b"".join([head.encode(), b"\n", ends.astype("<u4").tobytes(), *encoded])
+
+
+def member_names(extra: np.ndarray, positions: np.ndarray) -> list[str] | None:
+    """The member names (NOTE[tar-members]) of the samples at ``positions`` in their
+    shard, from the shard's extra bytes as a ``uint8`` array; ``None`` when the scan that
+    made them stored none (an index saved before names were stored, or by ``save_index``).
+
+    Raises:
+        ValueError: The extra bytes are malformed.
+    """
+    newline = np.flatnonzero(extra[:65536] == 0x0A)
+    if not len(newline):
+        newline = np.flatnonzero(extra == 0x0A)
+    if not len(newline):
+        return None
+    cut = int(newline[0])
+    count = json.loads(extra[:cut].tobytes()).get("names")
+    if not isinstance(count, int):
+        return None
+    ends = np.frombuffer(extra, dtype="<u4", count=count, offset=cut + 1).astype(np.int64)
+    blob = extra[cut + 1 + 4 * count :]
+    if len(ends) and int(ends[-1]) != len(blob):
+        raise ValueError(f"{len(blob)} bytes of member names where {int(ends[-1])} were saved")
+    out = []
+    for k in positions.tolist():
+        start = int(ends[k - 1]) if k else 0
+        out.append(blob[start : int(ends[k])].tobytes().decode("utf-8", "surrogateescape"))
+    return out
 
 
 def write_tar_index(
@@ -178,6 +228,9 @@ class TarLayout:
 
     name: ClassVar[str] = "tar"
     default_pattern: ClassVar[str] = "**/*.tar"
+    scan_version: ClassVar[int] = 2
+    """What its scans save (NOTE[scan-version]): 2 adds the member names
+    (NOTE[tar-members]); an index saved by an older scan is scanned again."""
     fields: tuple[str, ...] | None = None
     decode_cls: bool = False
     on_truncated: Literal["raise", "skip"] = "raise"
@@ -288,8 +341,8 @@ class TarLayout:
             rows[i]["offset"] = group[0].start
             rows[i]["length"] = last.data_start + last.size - group[0].start
             rows[i]["aux"] = len(group)
-        extra = json.dumps({"fields": dict(sorted(counts.items()))}, separators=(",", ":"))
-        return ObjectScan(rows, extra.encode())
+        names = [(split_member_name(g[0].name) or ("", ""))[0] for g in groups]
+        return ObjectScan(rows, _scan_extra(counts, names))
 
     def _drop_partial_sample(self, walker: _Walker) -> list[_Member]:
         members = list(walker.members)

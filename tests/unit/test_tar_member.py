@@ -50,7 +50,8 @@ def _members(loader: Any) -> dict[tuple[str, bytes], str]:
     out: dict[tuple[str, bytes], str] = {}
     for batch in loader:
         members = batch["__member__"]
-        assert isinstance(members, list) and all(isinstance(m, str) for m in members)
+        assert isinstance(members, list)
+        assert all(isinstance(m, str) for m in members)
         assert len(members) == len(batch["__id__"])
         for key, cls, member in zip(batch["__key__"], batch["cls"].tolist(), members, strict=True):
             out[(key, cls)] = member
@@ -65,6 +66,7 @@ def test_each_samples_member_is_the_key_webdataset_reports(tmp_path: Path) -> No
     ds = fastdata.Dataset(
         str(root),
         layout="tar",
+        fields=("cls", "seg.png"),
         metadata=("__member__", "__key__"),
         shuffle=True,
         cache_dir=tmp_path / "cache",
@@ -81,7 +83,11 @@ def test_members_through_two_workers(tmp_path: Path) -> None:
     root = tmp_path / "wds"
     _shards(root)
     ds = fastdata.Dataset(
-        str(root), layout="tar", metadata=("__key__", "__member__"), cache_dir=tmp_path / "c"
+        str(root),
+        layout="tar",
+        fields=("cls",),
+        metadata=("__key__", "__member__"),
+        cache_dir=tmp_path / "c",
     )
     with ds:
         loader = fastdata.DataLoader(ds, batch_size=5, num_workers=2)
@@ -96,7 +102,7 @@ def test_members_follow_the_fields_filter(tmp_path: Path) -> None:
     ds = fastdata.Dataset(
         str(root),
         layout="tar",
-        fields=("txt", "cls"),
+        fields=("txt",),
         metadata=("__member__",),
         cache_dir=tmp_path / "cache",
     )
@@ -127,6 +133,7 @@ def test_a_transform_sees_the_member_as_a_str(tmp_path: Path) -> None:
     ds = fastdata.Dataset(
         str(root),
         layout="tar",
+        fields=("cls",),
         metadata=["__member__"],
         transform=named,
         cache_dir=tmp_path / "cache",
@@ -138,12 +145,21 @@ def test_a_transform_sees_the_member_as_a_str(tmp_path: Path) -> None:
     assert names == sorted(f"{'train' if i % 2 else 'val/x'}/{i:05d}" for i in range(8))
 
 
-def test_members_come_from_sidecar_indexes(tmp_path: Path) -> None:
+def test_members_come_from_sidecar_indexes(tmp_path: Path, monkeypatch: Any) -> None:
     root = tmp_path / "wds"
     _shards(root)
     assert len(write_tar_index(str(root))) == 4
+
+    def no_walk(*args: Any) -> None:
+        raise AssertionError("a shard's headers were read: its sidecar should serve")
+
+    monkeypatch.setattr(fastdata.layouts.tar, "walk_shard", no_walk)
     ds = fastdata.Dataset(
-        str(root), layout="tar", metadata=("__key__", "__member__"), cache_dir=tmp_path / "c"
+        str(root),
+        layout="tar",
+        fields=("cls",),
+        metadata=("__key__", "__member__"),
+        cache_dir=tmp_path / "c",
     )
     with ds:
         loader = fastdata.DataLoader(ds, batch_size=4)
@@ -155,7 +171,11 @@ def test_a_batch_with_members_saves_and_loads_with_weights_only(tmp_path: Path) 
     root = tmp_path / "wds"
     _shards(root, samples=8, per_shard=4)
     ds = fastdata.Dataset(
-        str(root), layout="tar", metadata=("__member__",), cache_dir=tmp_path / "cache"
+        str(root),
+        layout="tar",
+        fields=("cls",),
+        metadata=("__member__",),
+        cache_dir=tmp_path / "cache",
     )
     with ds:
         loader = fastdata.DataLoader(ds, batch_size=4)
@@ -208,7 +228,12 @@ def _make_old(cache: Path) -> None:
             fields = json.loads(table.extra(i).partition(b"\n")[0])["fields"]
             extras.append(json.dumps({"fields": fields}, separators=(",", ":")).encode())
         del table
-        SampleTable.write(directory, meta=meta, rows=rows, objects=objects, extras=extras)
+        scratch = directory.parent / "old-format"
+        SampleTable.write(scratch, meta=meta, rows=rows, objects=objects, extras=extras)
+        for made in scratch.iterdir():
+            made.replace(directory / made.name)
+        scratch.rmdir()
+        assert "scan_version" not in SampleTable.open(directory).meta
 
 
 @pytest.mark.parametrize("consistency", ["validate", "immutable"])
@@ -218,12 +243,14 @@ def test_an_index_saved_before_member_names_is_scanned_again(
     root = tmp_path / "wds"
     _shards(root)
     cache = tmp_path / "cache"
-    with fastdata.Dataset(str(root), layout="tar", cache_dir=cache) as ds:
+    with fastdata.Dataset(str(root), layout="tar", fields=("cls",), cache_dir=cache) as ds:
         old_len = len(ds)
     _make_old(cache)
+    assert len(list((cache / "index").glob("*/*/meta.json"))) == 1
     ds = fastdata.Dataset(
         str(root),
         layout="tar",
+        fields=("cls",),
         metadata=("__key__", "__member__"),
         cache_dir=cache,
         consistency=consistency,
