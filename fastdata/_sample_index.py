@@ -219,10 +219,11 @@ class SampleIndex:
             )
         ids = self._ids(sample_ids)
         objects = self._table.rows["obj"][ids]
+        starts = self._table.first_rows()
         out: list[str] = [""] * len(ids)
         for obj in np.unique(objects).tolist():
             where = np.flatnonzero(objects == obj)
-            first = int(np.searchsorted(self._table.rows["obj"], obj))
+            first = int(starts[obj])
             try:
                 names = member_names(self._table.extra_view(obj), ids[where] - first)
             except (ValueError, IndexError, KeyError, TypeError, AttributeError) as exc:

@@ -209,13 +209,18 @@ class SampleTable:
         """Object ``i`` as it was listed."""
         return ObjectInfo(self.path(i), int(self.objects["size"][i]), self.etag(i))
 
-    def rows_of(self, i: int) -> np.ndarray:
-        """The rows of object ``i`` (rows are ordered by object)."""
+    def first_rows(self) -> np.ndarray:
+        """Per object, the number of its first row, then the row count (computed once)."""
         if self._first is None:
             self._first = np.searchsorted(
                 self.rows["obj"], np.arange(self.object_count + 1, dtype=np.uint32)
             )
-        return self.rows[self._first[i] : self._first[i + 1]]
+        return self._first
+
+    def rows_of(self, i: int) -> np.ndarray:
+        """The rows of object ``i`` (rows are ordered by object)."""
+        first = self.first_rows()
+        return self.rows[first[i] : first[i + 1]]
 
 
 def _fsync_dir(path: Path) -> None:

@@ -131,32 +131,35 @@ def _scan_extra(counts: Mapping[str, int], names: Sequence[str]) -> bytes:
     return b"".join([head.encode(), b"\n", ends.astype("<u4").tobytes(), *encoded])
 
 
-def member_names(extra: np.ndarray, positions: np.ndarray) -> list[str] | None:
+def member_names(extra: np.ndarray | bytes, positions: np.ndarray) -> list[str] | None:
     """The member names (NOTE[tar-members]) of the samples at ``positions`` in their
-    shard, from the shard's extra bytes as a ``uint8`` array; ``None`` when the scan that
+    shard, from the shard's extra bytes (or a ``uint8`` array of them, not copied:
+    ``SampleTable.extra_view``); ``None`` when the scan that
     made them stored none (an index saved before names were stored, or by ``save_index``).
 
     Raises:
         ValueError: The extra bytes are malformed.
     """
-    newline = np.flatnonzero(extra[:65536] == 0x0A)
-    if not len(newline):
-        newline = np.flatnonzero(extra == 0x0A)
-    if not len(newline):
+    data = extra if isinstance(extra, np.ndarray) else np.frombuffer(extra, dtype=np.uint8)
+    view = data.data.cast("B")
+    cut = bytes(view[:4096]).find(b"\n")
+    if cut < 0:
+        cut = bytes(view).find(b"\n")
+    if cut < 0:
         return None
-    cut = int(newline[0])
-    count = json.loads(extra[:cut].tobytes()).get("names")
+    count = json.loads(bytes(view[:cut])).get("names")
     if not isinstance(count, int):
         return None
-    ends = np.frombuffer(extra, dtype="<u4", count=count, offset=cut + 1).astype(np.int64)
-    blob = extra[cut + 1 + 4 * count :]
-    if len(ends) and int(ends[-1]) != len(blob):
+    ends = np.frombuffer(view, dtype="<u4", count=count, offset=cut + 1)
+    blob = view[cut + 1 + 4 * count :]
+    if count and int(ends[-1]) != len(blob):
         raise ValueError(f"{len(blob)} bytes of member names where {int(ends[-1])} were saved")
-    out = []
-    for k in positions.tolist():
-        start = int(ends[k - 1]) if k else 0
-        out.append(blob[start : int(ends[k])].tobytes().decode("utf-8", "surrogateescape"))
-    return out
+    stops = ends[positions].tolist()
+    starts = np.where(positions > 0, ends[np.maximum(positions - 1, 0)], 0).tolist()
+    return [
+        bytes(blob[a:b]).decode("utf-8", "surrogateescape")
+        for a, b in zip(starts, stops, strict=True)
+    ]
 
 
 def write_tar_index(

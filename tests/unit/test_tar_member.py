@@ -18,9 +18,14 @@ import torch
 import fastdata
 from fastdata.errors import ConfigError
 from fastdata.layouts.table import SampleTable
-from fastdata.layouts.tar import write_tar_index
+from fastdata.layouts.tar import member_names, write_tar_index
 
 wds = pytest.importorskip("webdataset")
+
+
+def _key(i: int) -> str:
+    """Sample ``i``'s key: in folders, one non-ASCII (a pax ``path`` header)."""
+    return f"{'train' if i % 2 else 'val/x'}/{'ünï-' if i == 7 else ''}{i:05d}"
 
 
 def _shards(root: Path, samples: int = 23, per_shard: int = 6) -> None:
@@ -29,7 +34,7 @@ def _shards(root: Path, samples: int = 23, per_shard: int = 6) -> None:
     root.mkdir(parents=True)
     with wds.ShardWriter(str(root / "part-%03d.tar"), maxcount=per_shard, verbose=0) as sink:
         for i in range(samples):
-            key = f"{'train' if i % 2 else 'val/x'}/{i:05d}"
+            key = _key(i)
             sample: dict[str, Any] = {"__key__": key, "cls": i, "seg.png": bytes([i]) * 5}
             if i % 5 != 3:
                 sample["txt"] = f"payload {i}"
@@ -142,7 +147,7 @@ def test_a_transform_sees_the_member_as_a_str(tmp_path: Path) -> None:
         loader = fastdata.DataLoader(ds, batch_size=3, collate_fn=list)
         names = sorted(n for batch in loader for n in batch)
         loader.close()
-    assert names == sorted(f"{'train' if i % 2 else 'val/x'}/{i:05d}" for i in range(8))
+    assert names == sorted(_key(i) for i in range(8))
 
 
 def test_members_come_from_sidecar_indexes(tmp_path: Path, monkeypatch: Any) -> None:
@@ -279,3 +284,8 @@ def test_a_tar_index_saved_without_scans_says_what_to_do(tmp_path: Path) -> None
             cache_dir=cache,
             consistency="immutable",
         )
+
+
+@pytest.mark.parametrize("extra", [b"", b'{"fields":{"cls":4}}'])
+def test_extra_bytes_of_an_older_scan_hold_no_names(extra: bytes) -> None:
+    assert member_names(extra, np.arange(0)) is None
