@@ -81,6 +81,9 @@ class UnitReader:
     def __init__(self, table: SampleTable, layout: Layout, url: str) -> None:
         self.table = table
         self.layout = layout
+        # The layout's per-object bytes go to its units unless it says it reads none
+        # (tar: they hold the member names, as long as the shard is many samples long).
+        self._unit_extra = bool(getattr(layout, "unit_extra", True))
         self.url = url
         self.chunk_bytes: int = int(getattr(layout, "chunk_bytes", 0) or 0)
         """The fetch chunk of shard layouts (packed, tar), 0 for others (NOTE[shard-chunks])."""
@@ -292,7 +295,7 @@ class UnitReader:
         return UnitView(
             path=req.path,
             size=int(self.table.objects["size"][obj]),
-            extra=self.table.extra(obj),
+            extra=self.table.extra(obj) if self._unit_extra else b"",
             object_key=self.table.digest(obj),
             raw=raw,
             view=view,

@@ -125,7 +125,9 @@ class UnitView:
     size: int
     """The object's size when the index was built."""
     extra: bytes
-    """The layout's per-object bytes (see :class:`ObjectScan`)."""
+    """The layout's per-object bytes (see :class:`ObjectScan`); empty for a layout with
+    the class attribute ``unit_extra = False`` (read with ``getattr(layout, "unit_extra",
+    True)``), which decodes without them (tar: they hold member names)."""
     object_key: bytes
     """16 bytes that identify this version of the object (path, size and ETag digest)."""
     raw: Any

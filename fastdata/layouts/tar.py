@@ -249,6 +249,8 @@ class TarLayout:
             )
 
     aux_is_content: ClassVar[bool] = True
+    unit_extra: ClassVar[bool] = False
+    """Decoding needs no extra bytes: a unit is not handed a copy of the names."""
     chunk_bytes: ClassVar[int] = CHUNK_BYTES
     """A cold read fetches whole chunks of a shard (NOTE[shard-chunks])."""
 
