@@ -24,7 +24,7 @@ from fastdata.store import ByteRange, ObjectInfo, Store
 
 if TYPE_CHECKING:
     from fastdata.dataset import Dataset, VarTensor
-    from fastdata.loader import DataLoader, LoaderStats
+    from fastdata.loader import DataLoader, LoaderStats, RankStepsWarning
     from fastdata.tokens import TokenDataset
 
 __version__ = "0.1.0"
@@ -35,6 +35,7 @@ _LAZY = {
     "DataLoader": "fastdata.loader",
     "Dataset": "fastdata.dataset",
     "LoaderStats": "fastdata.loader",
+    "RankStepsWarning": "fastdata.loader",
     "TokenDataset": "fastdata.tokens",
     "VarTensor": "fastdata.dataset",
 }
@@ -67,6 +68,7 @@ __all__ = [
     "ObjectInfo",
     "ObjectNotFoundError",
     "PrefetchConfig",
+    "RankStepsWarning",
     "Store",
     "StoreConfig",
     "StoreError",

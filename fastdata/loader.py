@@ -46,6 +46,7 @@ from fastdata._cuda_copy import check_device, to_device
 from fastdata._loader_state import check_state, dump_state
 from fastdata._loader_stats import CacheStatsDict, LoaderStats, StoreStatsDict
 from fastdata._loader_workers import WorkerProcesses, flatten
+from fastdata._rank_steps import RankSteps, RankStepsWarning
 from fastdata.config import check_int
 from fastdata.dataset import (
     Dataset,
@@ -58,7 +59,7 @@ from fastdata.errors import ConfigError
 from fastdata.plan import EpochPlan, PlanState
 from fastdata.prefetch.meter import WaitMeter
 
-__all__ = ["DataLoader", "LoaderStats"]
+__all__ = ["DataLoader", "LoaderStats", "RankStepsWarning"]
 
 logger = logging.getLogger(__name__)
 
@@ -197,6 +198,8 @@ class DataLoader:
             self.world_size - 1,
             hint=f" (rank < world_size={self.world_size})",
         )
+        # NOTE[rank-steps]: checkpoints of the ranks compared, without waiting.
+        self._rank_steps = RankSteps(type(dataset).__name__, self.world_size, self.rank)
         # NOTE[loader-epochs]: without a plan, the next iter() starts at (_epoch,
         # _resume_cursor); with one, where its first _steps batches end.
         self._epoch = 0
@@ -398,6 +401,10 @@ class DataLoader:
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands: restore with :meth:`load_state_dict`, in any world size.
 
+        Under torch.distributed, warns (:class:`RankStepsWarning`) when another rank's
+        checkpoint of the same number is at another position (NOTE[rank-steps]); it never
+        waits for the other ranks.
+
         Returns:
             A dict of plain values (safe for ``torch.save`` and JSON).
         """
@@ -411,6 +418,7 @@ class DataLoader:
             state = PlanState(
                 epoch=epoch, cursor=cursor, num_samples=len(self.dataset), digest=order.digest
             )
+        self._rank_steps.saved(state.epoch, state.cursor)
         return dump_state(state, self.dataset, self.plan_config, self.world_size)
 
     def load_state_dict(self, state: dict[str, Any], *, strict: bool = False) -> None:
