@@ -44,6 +44,7 @@ from fastdata.record import encode
 
 native = importlib.import_module("fastdata.io_native._native")
 pure = importlib.import_module("fastdata.io_native._pure")
+pure_zstd = importlib.import_module("fastdata.io_native._pure_zstd")  # its libzstd loader
 
 
 def medians(calls: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
@@ -143,12 +144,12 @@ def zstd_part(records: list[bytes], repeats: int) -> dict[str, Any]:
         },
         repeats,
     )
-    libzstd = pure._libzstd
-    pure._libzstd = lambda: None  # the fallback when libzstd.so.1 does not load
+    libzstd = pure_zstd._libzstd
+    pure_zstd._libzstd = lambda: None  # the fallback when libzstd.so.1 does not load
     try:
         seconds |= medians({"pure_zstandard": lambda: pure.gather(records, "data", out)}, repeats)
     finally:
-        pure._libzstd = libzstd
+        pure_zstd._libzstd = libzstd
     gbps = {k: raw / s / 1e9 for k, s in seconds.items()}
     return {
         "part": "zstd 100KiB",
