@@ -46,7 +46,7 @@ from fastdata._cuda_copy import check_device, to_device
 from fastdata._loader_state import check_state, dump_state
 from fastdata._loader_stats import CacheStatsDict, LoaderStats, StoreStatsDict
 from fastdata._loader_workers import WorkerProcesses, flatten
-from fastdata._rank_steps import RankSteps, RankStepsWarning
+from fastdata._rank_steps import RankSteps, RankStepsWarning, dataset_tag
 from fastdata.config import check_int
 from fastdata.dataset import (
     Dataset,
@@ -199,7 +199,7 @@ class DataLoader:
             hint=f" (rank < world_size={self.world_size})",
         )
         # NOTE[rank-steps]: checkpoints of the ranks compared, without waiting.
-        self._rank_steps = RankSteps(type(dataset).__name__, self.world_size, self.rank)
+        self._rank_steps = RankSteps(dataset_tag(dataset), self.world_size, self.rank)
         # NOTE[loader-epochs]: without a plan, the next iter() starts at (_epoch,
         # _resume_cursor); with one, where its first _steps batches end.
         self._epoch = 0

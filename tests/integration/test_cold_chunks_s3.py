@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import tarfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +188,10 @@ def test_a_cold_epoch_reads_chunks_ahead_and_a_warm_epoch_reads_nothing(
         assert gets <= request_bound(total)
         assert fetched <= 1.05 * total
         ds.runtime().cache.flush(timeout_s=60)
+        for _ in range(6000):  # bounded: the readahead threads end once the plan is done
+            if shared._ahead_threads == 0:
+                break
+            threading.Event().wait(0.01)
         ahead = shared.read_ahead
         warm, warm_gets, _ = cold_epoch(ds, batch_size=32)
         assert sorted(int(s["__id__"]) for s in warm) == list(range(SAMPLES))
