@@ -7,8 +7,11 @@ import gc
 import multiprocessing
 import os
 import random
+import signal
+import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,57 @@ def _no_threads_left_behind() -> Iterator[None]:
     yield
     gc.collect()
     assert _prefetch_threads() == []
+
+
+def _waits_in_prefetcher(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is inside ``Prefetcher._wait_for`` (waiting for a batch)."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_wait_for" and code.co_filename.endswith("prefetcher.py"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _ctrl_c_once_the_consumer_waits() -> threading.Thread:
+    """Press Ctrl-C (a KeyboardInterrupt in the main thread) once the main thread waits
+    for a batch: a state the test sets up, not a moment it must hit."""
+    main = threading.main_thread()
+
+    def press() -> None:
+        deadline = time.monotonic() + 60.0
+        while not _waits_in_prefetcher(main) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        _thread.interrupt_main()
+
+    presser = threading.Thread(target=press, name="test-ctrl-c", daemon=True)
+    presser.start()
+    return presser
+
+
+def _until_closed(holder: list[weakref.ref[Any]]) -> None:
+    """Block a fetch until the prefetcher in ``holder`` (a weak reference, so that the
+    fetch does not keep it alive) has been closed or collected (bounded)."""
+    deadline = time.monotonic() + 60.0
+    while time.monotonic() < deadline:
+        p = holder[0]() if holder else None
+        if holder and (p is None or p.closed):
+            return
+        del p
+        time.sleep(0.002)
+
+
+@pytest.fixture
+def sigint_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt whatever the shell that started pytest set (a
+    background job of a non-interactive shell inherits SIGINT ignored, and
+    ``_thread.interrupt_main`` then does nothing)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _cfg(depth: int = 4, threads: int = 3, **kwargs: Any) -> PrefetchConfig:
@@ -254,19 +308,21 @@ def test_close_waits_for_a_fetch_in_progress_and_discards_it() -> None:
     assert 1 in discarded
 
 
-def test_keyboard_interrupt_while_waiting_closes_the_prefetcher() -> None:
+def test_keyboard_interrupt_while_waiting_closes_the_prefetcher(sigint_raises: None) -> None:
+    holder: list[weakref.ref[Prefetcher[int, int]]] = []
+
     def fetch(i: int) -> int:
-        time.sleep(0.3)  # the consumer is still waiting when Ctrl-C arrives
+        _until_closed(holder)  # the consumer is still waiting when Ctrl-C arrives
         return i
 
     p = Prefetcher(range(10), fetch, config=_cfg(depth=3, threads=2))
-    timer = threading.Timer(0.05, _thread.interrupt_main)
-    timer.start()
+    holder.append(weakref.ref(p))
+    presser = _ctrl_c_once_the_consumer_waits()
     try:
         with pytest.raises(KeyboardInterrupt):
             next(p)
     finally:
-        timer.join()
+        presser.join()
     assert p.closed
     assert _prefetch_threads() == []
 
@@ -348,23 +404,27 @@ def _consume(p: Prefetcher[int, _Leased], mode: str, count: int) -> None:
 
 
 @pytest.mark.parametrize("mode", ["exhaust", "break_with", "close", "gc", "ctrl_c", "error"])
-def test_every_way_of_stopping_leaves_no_thread_fd_or_buffer(tmp_path: Path, mode: str) -> None:
+def test_every_way_of_stopping_leaves_no_thread_fd_or_buffer(
+    tmp_path: Path, mode: str, sigint_raises: None
+) -> None:
     path = tmp_path / "shard.bin"
     path.write_bytes(b"\0" * 64)
     fds_before = _open_fds()
     total = 8 if mode == "exhaust" else 200
+    holder: list[weakref.ref[Prefetcher[int, _Leased]]] = []
     with BufferPool(1 << 20, pin=False, wait_s=2.0) as pool:
 
         def fetch(i: int) -> _Leased:
             if mode == "error" and i == 5:
                 raise CustomFetchError("bad record")
             if mode == "ctrl_c" and i == 5:
-                time.sleep(0.3)  # Ctrl-C arrives while the consumer waits for this one
+                _until_closed(holder)  # Ctrl-C arrives while the consumer waits for this one
             buf = pool.acquire(8192)
             buf[:] = i % 256
             return _Leased(buf, path)
 
         p = Prefetcher(range(total), fetch, config=_cfg(depth=6, threads=3), discard=_Leased.close)
+        holder.append(weakref.ref(p))
         if mode in ("close", "break_with", "gc"):
             _consume(p, mode, 5)
         elif mode == "exhaust":
@@ -376,11 +436,10 @@ def test_every_way_of_stopping_leaves_no_thread_fd_or_buffer(tmp_path: Path, mod
                 next(p)
         else:
             _consume(p, mode, 5)
-            timer = threading.Timer(0.05, _thread.interrupt_main)
-            timer.start()
+            presser = _ctrl_c_once_the_consumer_waits()
             with pytest.raises(KeyboardInterrupt):
                 next(p)
-            timer.join()
+            presser.join()
         del p  # "gc" relies on this alone; the other modes have stopped already
         assert _prefetch_threads() == []
         assert pool.stats().buffers_in_use == 0
