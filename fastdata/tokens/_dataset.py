@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any, Literal, cast
@@ -36,7 +37,7 @@ from fastdata.dataset import (
 )
 from fastdata.errors import ConfigError, CorruptRecordError
 from fastdata.plan import EpochOrder, EpochPlan, PlanConfig, ShuffleMode
-from fastdata.prefetch import Prefetcher
+from fastdata.prefetch import Prefetcher, PrefetchStats
 from fastdata.spec import DatasetSpec
 from fastdata.tokens._blocks import DEFAULT_CHUNK_BYTES, TOKENS, BlockIndex
 from fastdata.tokens._chunks import READAHEAD_THREADS, ChunkReader
@@ -47,6 +48,8 @@ __all__ = ["DEFAULT_WINDOW_CHUNKS", "TokenDataset"]
 
 DEFAULT_WINDOW_CHUNKS = 8
 """Chunks per shuffle window of the chunk walk."""
+GROUP_TOKENS = 1 << 20
+"""Tokens a prefetch task gathers at least when batches are small (NOTE[token-groups])."""
 
 
 class _TokenRuntime(DatasetRuntime):
@@ -350,21 +353,116 @@ class TokenDataset(Dataset):
             runtime.cache.hint(ordered)
 
         batches: Iterator[np.ndarray] = plan.batches_for_worker(worker_id, num_workers)
+        per_task = self._batches_per_task(plan, group, unbatch, collate_fn)
+        fetch: Callable[[np.ndarray], Any]
         if group > 1:
             batches = _grouped(batches, group)
-        # Positions of the order that one of this consumer's batches advances past.
-        per_batch = plan.samples_per_step * max(1, group) * max(1, num_workers)
+        if per_task > 1:
+            batches = _full_runs(batches, per_task, plan.batch_size)
+            policy = self.on_error if on_error is None else check_on_error(on_error)
+            fetch = functools.partial(self._fetch_split, size=plan.batch_size, policy=policy)
+        else:
+            fetch = self._make_fetch(collate_fn, unbatch=unbatch, on_error=on_error)
+        # Positions of the order that one of this consumer's tasks advances past.
+        per_batch = plan.samples_per_step * max(1, group, per_task) * max(1, num_workers)
         window = self.window_chunks * blocks.chunk_blocks
         settings = self.config.prefetch
         horizon = min(1 << 16, max(settings.hint_batches, math.ceil(2 * window / per_batch)))
-        prefetcher = Prefetcher(
-            batches,
-            self._make_fetch(collate_fn, unbatch=unbatch, on_error=on_error),
-            config=replace(settings, hint_batches=horizon),
-            hint=hint,
+        prefetcher: Prefetcher[np.ndarray, Any] = Prefetcher(
+            batches, fetch, config=replace(settings, hint_batches=horizon), hint=hint
         )
         self._prefetchers.add(prefetcher)
-        return prefetcher
+        return prefetcher if per_task == 1 else _Split(prefetcher)  # type: ignore[return-value]
+
+    def _batches_per_task(
+        self,
+        plan: EpochPlan,
+        group: int,
+        unbatch: bool,
+        collate_fn: Callable[[list[Any]], Any] | None,
+    ) -> int:
+        """Planned batches one prefetch task gathers (NOTE[token-groups]): enough for
+        ``GROUP_TOKENS`` tokens when batches are plain tensors in this process, else 1."""
+        if group > 1 or unbatch or collate_fn is not None or get_worker_info() is not None:
+            return 1
+        tokens = plan.batch_size * self.blocks.length
+        return max(1, min(GROUP_TOKENS // max(1, tokens), self.config.prefetch.depth * 16))
+
+    def _fetch_split(self, sample_ids: np.ndarray, *, size: int, policy: OnError) -> list[Any]:
+        """One gather of several planned batches of ``size`` blocks (the last may be
+        shorter), handed out as one batch each: views of one buffer (NOTE[token-groups])."""
+        batch = self.fetch_batch(sample_ids, on_error=policy)
+        bounds = range(0, len(sample_ids), size)
+        if isinstance(batch, SkippedBatch):
+            return [SkippedBatch(sample_ids[i : i + size].tolist()) for i in bounds]
+        tokens, ids = batch[TOKENS], batch[ID_KEY]
+        if len(ids) == len(sample_ids):
+            return [{TOKENS: tokens[i : i + size], ID_KEY: ids[i : i + size]} for i in bounds]
+        # Blocks of unreadable chunks were skipped: each planned batch keeps its own rows,
+        # which fetch_batch left in plan order.
+        kept = np.isin(sample_ids, ids.numpy())
+        out: list[Any] = []
+        row = 0
+        for i in bounds:
+            n = int(kept[i : i + size].sum())
+            if n == 0:
+                out.append(SkippedBatch(sample_ids[i : i + size].tolist()))
+            else:
+                out.append({TOKENS: tokens[row : row + n], ID_KEY: ids[row : row + n]})
+            row += n
+        return out
+
+
+class _Split:
+    """A prefetcher of lists of batches, handed out one batch at a time: what
+    :meth:`TokenDataset.prefetch` returns when a task gathers several (NOTE[token-groups]).
+    ``stats()`` counts tasks, not batches."""
+
+    def __init__(self, prefetcher: Prefetcher[np.ndarray, list[Any]]) -> None:
+        self._prefetcher = prefetcher
+        self._ready: deque[Any] = deque()
+
+    def __iter__(self) -> _Split:
+        return self
+
+    def __next__(self) -> Any:
+        while not self._ready:
+            self._ready.extend(next(self._prefetcher))
+        return self._ready.popleft()
+
+    def __enter__(self) -> _Split:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether the prefetcher has stopped."""
+        return self._prefetcher.closed
+
+    def close(self) -> None:
+        """Stop the prefetcher and drop the batches not handed out. Idempotent."""
+        self._ready.clear()
+        self._prefetcher.close()
+
+    def stats(self) -> PrefetchStats:
+        """The prefetcher's stats (in tasks of several batches)."""
+        return self._prefetcher.stats()
+
+
+def _full_runs(batches: Iterator[np.ndarray], count: int, size: int) -> Iterator[np.ndarray]:
+    """Runs of up to ``count`` consecutive batches of ``size`` ids, concatenated; a batch
+    of another size (the tail) ends a run and comes last in it, so that a run splits
+    back into its batches at every ``size`` ids (NOTE[token-groups])."""
+    run: list[np.ndarray] = []
+    for batch in batches:
+        run.append(batch)
+        if len(run) == count or len(batch) != size:
+            yield np.concatenate(run)
+            run = []
+    if run:
+        yield np.concatenate(run)
 
 
 @functools.cache
