@@ -44,8 +44,11 @@ instead of fetching it again). Readahead is bounded: at most ``READAHEAD_RANGES`
 ranges in flight, and it stops while the kept rows and the ranges in flight would pass
 a quarter of the budget; it resumes as rows are read. A range is read ahead at most once
 per plan. A readahead that fails only gives up its claims: the batch that needs the
-range fetches it itself and sees its own error. Rows a plan fetched for samples the
-cache already held (a partly warm epoch) are dropped like any unread rows.
+range fetches it itself and sees its own error. Readahead is optional: a thread that
+cannot start (the process's thread limit) costs the read nothing, and readahead threads
+that gave up waiting for room leave the plan to be started again by the next miss. Rows
+a plan fetched for samples the cache already held (a partly warm epoch) are dropped like
+any unread rows.
 """
 
 from __future__ import annotations
@@ -215,10 +218,7 @@ class SharedRanges:
                 elif self._take(rid, kept, sids, out):
                     mine.append(rid)  # some rows were read before: fetch the range again
             start = self._arm()
-        for _ in range(start):
-            threading.Thread(
-                target=self._read_ahead, name="fastdata-readahead", daemon=True
-            ).start()
+        self._start_ahead(start)
         if mine:
             self._fill(mine, want, fetch, out)
         for rid, kept in waits:
@@ -228,6 +228,23 @@ class SharedRanges:
             if again:
                 self._fill([rid], want, fetch, out, keep=False)
         return out
+
+    def _start_ahead(self, count: int) -> None:
+        """Start ``count`` readahead threads (counted by :meth:`_arm`); one that cannot
+        start is uncounted and the read goes on: readahead is optional."""
+        for started in range(count):
+            thread = threading.Thread(
+                target=self._read_ahead, name="fastdata-readahead", daemon=True
+            )
+            try:
+                thread.start()
+            except RuntimeError as exc:  # at the process's thread limit
+                with self._lock:
+                    self._ahead_threads -= count - started
+                    if not self._ahead_threads:
+                        self._armed = False  # the next miss tries again
+                logger.debug("readahead of %s: no thread (%s)", self.kind, exc)
+                return
 
     def _arm(self) -> int:
         """Start a pending plan (lock held): how many readahead threads to start."""
@@ -293,6 +310,10 @@ class SharedRanges:
         finally:
             with self._lock:
                 self._ahead_threads -= 1
+                if not self._ahead_threads:
+                    # Done, or gave up waiting for room: the next miss re-arms what is
+                    # left of the plan (nothing, when it is done).
+                    self._armed = False
 
     def _take(self, rid: int, kept: _Range, sids: list[int], out: dict[int, Any]) -> bool:
         """Move ``sids`` out of ``kept`` into ``out`` (lock held); True if any is missing."""

@@ -6,6 +6,7 @@ import threading
 from typing import Any
 
 import numpy as np
+import pytest
 
 from fastdata.layouts.ranges import SharedRanges
 from fastdata.plan import EpochOrder, PlanConfig
@@ -217,3 +218,47 @@ def test_a_failed_readahead_leaves_the_batch_to_fetch_and_see_its_own_error() ->
     fetch = Fetcher()
     assert read(memo, [15, 25], fetch) == [15, 25]
     assert sorted(r for call in fetch.calls for r in call) == [1, 2]
+
+
+def test_a_readahead_thread_that_cannot_start_costs_the_read_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Readahead is optional: a thread that cannot start (the process is at its thread
+    limit) must neither fail the read that arms the plan nor use up the plan's threads."""
+    real_start = threading.Thread.start
+
+    def refuse(self: threading.Thread) -> None:
+        if self.name == "fastdata-readahead":
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    memo, fetch = SharedRanges(), Fetcher()
+    memo.plan_ahead(plan([0, 1, 2, 3]), fetch)
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    assert read(memo, [0, 1], fetch) == [0, 1]
+    assert fetch.calls == [[0]]  # nothing read ahead, and nothing claimed for it
+    monkeypatch.setattr(threading.Thread, "start", real_start)
+    assert read(memo, [15], fetch) == [15]  # the next miss starts the plan
+    wait_for(lambda: memo.read_ahead == 2, "ranges 2 and 3 read ahead")
+    assert sorted(r for call in fetch.calls for r in call) == [0, 1, 2, 3]
+
+
+def test_readahead_that_stopped_waiting_for_room_starts_again_on_the_next_miss(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A readahead thread gives up after waiting _WAIT_S for room in the budget; the plan
+    must not stay armed with no thread to run it."""
+    from fastdata.layouts import ranges
+
+    monkeypatch.setattr(ranges, "_WAIT_S", 0.05)
+    budget = 4 * 2 * KEPT  # a quarter holds two ranges
+    memo, fetch = SharedRanges(budget=budget), Fetcher()
+    memo.plan_ahead(plan(list(range(1, 8))), fetch)
+    read(memo, [0], fetch)  # rows 1-9 of range 0 stay kept: the quarter fills
+    wait_for(lambda: memo.read_ahead >= 1, "readahead to start")
+    wait_for(lambda: memo._ahead_threads == 0, "readahead to give up waiting for room")
+    ahead = memo.read_ahead
+    for r in range(0, ahead + 1):  # read what is kept: room again
+        read(memo, [r * ROWS + i for i in range(ROWS) if (r, i) != (0, 0)], fetch)
+    read(memo, [(ahead + 1) * ROWS], fetch)  # a miss: the plan goes on
+    wait_for(lambda: memo.read_ahead > ahead, "readahead to go on")
