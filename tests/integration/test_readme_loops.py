@@ -47,14 +47,16 @@ def test_the_readme_token_block_loop_runs(
 ) -> None:
     code = readme_section("LLM token blocks")
     assert "s3://my-bucket/owt" in code
-    tokens = np.random.default_rng(0).integers(0, 50304, 40 * 1024 + 77, dtype=np.uint16)
+    # 16 blocks: two training steps of the README's model (its [8192, 50304] logits
+    # make a step cost seconds on two cores), enough to run the loop and the checkpoint.
+    tokens = np.random.default_rng(0).integers(0, 50304, 16 * 1024 + 77, dtype=np.uint16)
     with Store(s3_bucket.url, storage_options=s3_bucket.storage_options) as store:
         store.put_many([("owt/train.bin", tokens.tobytes())])
     monkeypatch.chdir(tmp_path)
     scope = _run(code, s3_bucket, "owt", monkeypatch)
     assert tuple(scope["x"].shape) == (8, 1024)
     assert tuple(scope["batch"]["tokens"].shape) == (8, 1025)
-    assert scope["ds"].blocks.num_blocks == 40
+    assert scope["ds"].blocks.num_blocks == 16
     assert (tmp_path / "ckpt.pt").exists()
 
 
