@@ -14,7 +14,10 @@ token corpus (nanoGPT's ``train.bin`` format, split into a few files) and measur
   ``shuffle=True`` (the default chunk walk, NOTE[token-chunks]) and
   ``shuffle="global"`` (a uniform permutation of the blocks);
 * warm: the next epoch of the chunk-walk loader and of the global one (the chunks are
-  in the RAM and LMDB tiers).
+  in the RAM and LMDB tiers);
+* the cold chunk walk again with the LMDB tier only (``ram_bytes=0``) and with no cache
+  (``CacheConfig(enabled=False)``): what the cache's writes cost a cold epoch. Each cold
+  pass also reports this process's user and kernel CPU seconds (``getrusage``).
 
 The dataset's process handles (store client, LMDB environment) are opened before the
 clock starts, as the raw read's store is. Reported: tokens/s of each and ``/ raw``
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -38,12 +42,21 @@ from typing import Any
 import numpy as np
 
 import fastdata
+from fastdata.config import CacheConfig, FastdataConfig
 from fastdata.store import ByteRange, Store
 from fastdata.testing.seaweedfs import SeaweedServer
 
 BUCKET = "token-bench"
 TARGET = 0.8
-KEYS = ("cold_sequential", "cold_shuffled", "warm", "cold_global", "warm_global")
+KEYS = (
+    "cold_sequential",
+    "cold_shuffled",
+    "warm",
+    "cold_global",
+    "warm_global",
+    "cold_lmdb_only",
+    "cold_no_cache",
+)
 TARGETED = ("cold_sequential", "cold_shuffled", "warm")
 
 
@@ -92,6 +105,32 @@ def _epoch(loader: fastdata.DataLoader) -> tuple[float, int]:
     return tokens / (time.perf_counter() - started), tokens
 
 
+def _cpu() -> tuple[float, float]:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime, usage.ru_stime
+
+
+def _cold_cache_variants(
+    url: str, options: dict[str, Any], sizes: Sizes, out: dict[str, Any]
+) -> None:
+    """The cold chunk walk with the LMDB tier only and with no cache at all."""
+    variants = (("lmdb_only", {"ram_bytes": 0}), ("no_cache", {"enabled": False}))
+    for name, cache_kwargs in variants:
+        with tempfile.TemporaryDirectory(prefix="fastdata-token-bench-") as cache:
+            config = FastdataConfig(cache=CacheConfig(dir=cache, **cache_kwargs))
+            ds = fastdata.TokenDataset(
+                url, block_size=sizes.block_size, storage_options=options, config=config
+            )
+            ds.runtime()
+            loader = fastdata.DataLoader(ds, batch_size=sizes.batch_size, drop_last=True)
+            user, kernel = _cpu()
+            out[f"cold_{name}_tokens_per_s"] = _epoch(loader)[0]
+            user2, kernel2 = _cpu()
+            out[f"cold_{name}_cpu_s"] = {"user": user2 - user, "kernel": kernel2 - kernel}
+            loader.close()
+            ds.close()
+
+
 def run(options: dict[str, Any], sizes: Sizes) -> dict[str, Any]:
     url = _upload(options, sizes)
     raw = max(_raw(url, options) for _ in range(3))
@@ -108,8 +147,11 @@ def run(options: dict[str, Any], sizes: Sizes) -> dict[str, Any]:
             )
             ds.runtime()  # handles open, as the raw read's store is; the cache is empty
             loader = fastdata.DataLoader(ds, batch_size=sizes.batch_size, drop_last=True)
+            user, kernel = _cpu()
             rate, tokens = _epoch(loader)
+            user2, kernel2 = _cpu()
             out[f"cold_{name}_tokens_per_s"] = rate
+            out[f"cold_{name}_cpu_s"] = {"user": user2 - user, "kernel": kernel2 - kernel}
             out["tokens_per_epoch"] = tokens
             out["dropped_tokens"] = ds.blocks.dropped_tokens
             out["chunks"] = ds.blocks.num_chunks
@@ -121,6 +163,7 @@ def run(options: dict[str, Any], sizes: Sizes) -> dict[str, Any]:
             out[f"{name}_source_chunks"] = stats.get("source_samples")
             loader.close()
             ds.close()
+    _cold_cache_variants(url, options, sizes, out)
     for key in KEYS:
         out[f"{key}_vs_raw"] = out[f"{key}_tokens_per_s"] / raw
     return out
@@ -147,7 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         verdict = ("meets" if ratio >= TARGET else "below") + f" {TARGET}"
         if key not in TARGETED:
             verdict = "no target"
-        print(f"  {key:17s} {rate / 1e6:8.1f} M tokens/s = {ratio:.2f} x raw ({verdict})")
+        cpu = result.get(f"{key}_cpu_s")
+        spent = (
+            f", client CPU {cpu['user']:.2f} s user + {cpu['kernel']:.2f} s kernel" if cpu else ""
+        )
+        print(f"  {key:17s} {rate / 1e6:8.1f} M tokens/s = {ratio:.2f} x raw ({verdict}){spent}")
     print(
         f"  {result['chunks']} chunks; read from the store per cold epoch: sequential "
         f"{result['sequential_source_chunks']}, chunk walk {result['shuffled_source_chunks']}, "
