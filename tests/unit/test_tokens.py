@@ -449,6 +449,7 @@ def test_a_bad_chunk_is_skipped_batch_by_batch(
         loader = fastdata.DataLoader(ds, batch_size=12)
         batches = list(loader)
         skipped = ds.skipped_samples
+        assert loader.stats().skipped_samples == per_chunk  # each skipped block once
     bad = set(range(per_chunk, 2 * per_chunk))
     planned = [list(range(i, min(i + 12, len(ds)))) for i in range(0, len(ds), 12)]
     expected = [[i for i in p if i not in bad] for p in planned]
