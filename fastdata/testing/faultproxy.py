@@ -632,6 +632,7 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
             self._path = path
             fault, after, rng = proxy._begin(self.command, path, self.headers)
+            self._answered = False
             try:
                 body = self._read_request_body()
                 if fault is not None and fault.kind == "reset":
@@ -649,6 +650,14 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True  # the client went away first
             finally:
+                self._answer()
+
+        def _answer(self) -> None:
+            """The request is no longer in flight: called once, before the last write of
+            its answer (a client that has read the answer may send its next request at
+            once, and must not find this one still counted), or at the end."""
+            if not self._answered:
+                self._answered = True
                 proxy._end()
 
         def _read_request_body(self) -> bytes:
@@ -678,6 +687,7 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Retry-After", fault.retry_after)
             body = b"" if self.command == "HEAD" else fault.body
             self.send_header("Content-Length", str(len(fault.body)))
+            self._answer()
             self.end_headers()
             self.wfile.write(body)
 
@@ -706,6 +716,7 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Content-Length", upstream_length or "0")
             else:
                 self.send_header("Content-Length", str(len(payload)))
+            self._answer()
             self.end_headers()
             if self.command == "HEAD":
                 return

@@ -18,6 +18,7 @@ import multiprocessing as mp
 import os
 import re
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -205,18 +206,28 @@ def test_refused_connections_are_ridden_out_until_the_server_listens(
     store = Store(
         root.url,
         storage_options=root.options(f"http://127.0.0.1:{port}"),
-        config=StoreConfig(backend=backend, retry_budget_s=8.0, **{**FAST, "backoff_max_s": 0.3}),  # type: ignore[arg-type]
+        config=StoreConfig(backend=backend, retry_budget_s=30.0, **{**FAST, "backoff_max_s": 0.3}),  # type: ignore[arg-type]
     )
-    timer = threading.Timer(2.0, late.start)
+    # The server starts listening once the store has been refused at least once: a
+    # state, not a 2 s timer the first attempt could miss on a loaded machine.
+    timer = threading.Thread(target=_start_after_a_retry, args=(store, late), daemon=True)
     timer.start()
     try:
         (out,) = store.get_many([ByteRange("md5/02.bin")])
         assert bytes(memoryview(out)) == objects["md5/02.bin"]
         assert store.stats().retries >= 1
     finally:
-        timer.join(timeout=10)
+        timer.join(timeout=70)
         late.stop()
         store.close()
+
+
+def _start_after_a_retry(store: Store, late: FaultProxy) -> None:
+    """Start ``late`` once ``store`` has retried (bounded: 60 s)."""
+    deadline = time.monotonic() + 60.0
+    while store.stats().retries < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    late.start()
 
 
 @pytest.mark.slow
