@@ -240,9 +240,7 @@ class SharedRanges:
                 thread.start()
             except RuntimeError as exc:  # at the process's thread limit
                 with self._lock:
-                    self._ahead_threads -= count - started
-                    if not self._ahead_threads:
-                        self._armed = False  # the next miss tries again
+                    self._ahead_ended(count - started)
                 logger.debug("readahead of %s: no thread (%s)", self.kind, exc)
                 return
 
@@ -309,11 +307,15 @@ class SharedRanges:
                         self._ahead_bytes -= nbytes
         finally:
             with self._lock:
-                self._ahead_threads -= 1
-                if not self._ahead_threads:
-                    # Done, or gave up waiting for room: the next miss re-arms what is
-                    # left of the plan (nothing, when it is done).
-                    self._armed = False
+                self._ahead_ended(1)
+
+    def _ahead_ended(self, count: int) -> None:
+        """``count`` readahead threads are gone (lock held). With none left (the plan is
+        done, they gave up waiting for room, or none could start), the next miss re-arms
+        what is left of the plan (nothing, when it is done)."""
+        self._ahead_threads -= count
+        if not self._ahead_threads:
+            self._armed = False
 
     def _take(self, rid: int, kept: _Range, sids: list[int], out: dict[int, Any]) -> bool:
         """Move ``sids`` out of ``kept`` into ``out`` (lock held); True if any is missing."""

@@ -44,8 +44,8 @@ epoch at 0.3-0.57x the raw read at ``B=32``. So in the loader's own process, wit
 ``GROUP_TOKENS`` (1 Mi) tokens together (at most ``16 * depth`` batches), into one
 pool buffer, and hands them out one by one as views of it: every batch is the planned
 batch, in plan order, so exactly-once, resume (a checkpoint counts handed-out batches;
-the rest of a run is dropped with it) and the per-rank counts are unchanged. A run ends at
-the tail batch, so a run splits back at every ``batch_size`` blocks. Under
+the rest of a run is dropped with it) and the per-rank counts are unchanged. Only a plan's
+last batch is shorter, so a run splits back at every ``batch_size`` blocks. Under
 ``on_error="skip"`` each planned batch loses only its own blocks of an unreadable chunk
 (a batch wholly inside it is a skipped step). Worker processes keep one batch per task:
 a view of a shared buffer would send the whole buffer to the trainer with every batch.

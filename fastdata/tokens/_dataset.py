@@ -358,7 +358,9 @@ class TokenDataset(Dataset):
         if group > 1:
             batches = _grouped(batches, group)
         if per_task > 1:
-            batches = _full_runs(batches, per_task, plan.batch_size)
+            # A plan's batches all have batch_size ids but its last, so a run of them
+            # splits back at every batch_size ids (NOTE[token-groups]).
+            batches = _grouped(batches, per_task)
             policy = self.on_error if on_error is None else check_on_error(on_error)
             fetch = functools.partial(self._fetch_split, size=plan.batch_size, policy=policy)
         else:
@@ -449,20 +451,6 @@ class _Split:
     def stats(self) -> PrefetchStats:
         """The prefetcher's stats (in tasks of several batches)."""
         return self._prefetcher.stats()
-
-
-def _full_runs(batches: Iterator[np.ndarray], count: int, size: int) -> Iterator[np.ndarray]:
-    """Runs of up to ``count`` consecutive batches of ``size`` ids, concatenated; a batch
-    of another size (the tail) ends a run and comes last in it, so that a run splits
-    back into its batches at every ``size`` ids (NOTE[token-groups])."""
-    run: list[np.ndarray] = []
-    for batch in batches:
-        run.append(batch)
-        if len(run) == count or len(batch) != size:
-            yield np.concatenate(run)
-            run = []
-    if run:
-        yield np.concatenate(run)
 
 
 @functools.cache
