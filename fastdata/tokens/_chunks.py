@@ -36,13 +36,16 @@ _MAX_PENDING = 4096
 
 class _Load:
     """A chunk being read: ``done`` is set when it is in the arena (``slot``), or was
-    not kept, or failed (``error``)."""
+    not kept, or failed (``error``). ``waiters`` gathers wait for it: each is given its
+    pin on the slot when the read ends, so that nothing can drop the chunk between the
+    read and the waiter's wake-up (which would read it a second time)."""
 
-    __slots__ = ("done", "error", "slot")
+    __slots__ = ("done", "error", "slot", "waiters")
 
     def __init__(self) -> None:
         self.done = threading.Event()
         self.slot = -1
+        self.waiters = 0
         self.error: BaseException | None = None
 
 
@@ -151,14 +154,24 @@ class ChunkReader:
         return self._arena
 
     def _take_slot(self) -> int:
-        """A free slot, pinned, or -1 (lock held)."""
+        """A free slot, pinned, or -1 (lock held).
+
+        Makes room by dropping the least recently used unpinned chunk that a batch has
+        used; a chunk read ahead and not used yet goes only when nothing else can (a
+        batch is known to need it: dropping it first would read it twice)."""
         if not self._free:
+            victim = -1
             for c, slot in self._slot_of.items():
-                if not self._pins[slot]:
-                    del self._slot_of[c]
-                    self._unused.discard(c)  # read ahead too far: read again when needed
-                    self._free.append(slot)
+                if self._pins[slot]:
+                    continue
+                if c not in self._unused:
+                    victim = c
                     break
+                if victim < 0:
+                    victim = c
+            if victim >= 0:
+                self._free.append(self._slot_of.pop(victim))
+                self._unused.discard(victim)  # read ahead too far: read again when needed
         if not self._free:
             return -1
         slot = self._free.pop()
@@ -216,6 +229,7 @@ class ChunkReader:
                     continue
                 load = self._loading.get(c)
                 if load is not None:
+                    load.waiters += 1
                     waits.append((c, load))
                     continue
                 self._pending_set.discard(c)
@@ -224,24 +238,33 @@ class ChunkReader:
         try:
             if mine:
                 self._fill(mine, held)
-            for c, load in waits:
+            while waits:
+                c, load = waits[0]
                 while not load.done.wait(_WAIT_POLL_S):
                     pass  # a read in flight ends within the store's own timeouts
-                with self._lock:
-                    slot = self._slot_of.get(c)
-                    if slot is not None:
-                        self._pins[slot] += 1
-                        held.slots[c] = slot
-                        self._unused.discard(c)
-                        self._start()
-                        continue
-                # Failed, read without a slot, or dropped already: read it here (so that
-                # any error is this caller's).
+                waits.pop(0)
+                if load.slot >= 0:
+                    held.slots[c] = load.slot  # pinned for this gather when the read ended
+                    continue
+                # Failed, or read without a slot: read it here (so that any error is this
+                # caller's).
                 self._fill([(c, _Load())], held, keep=False)
         except BaseException:
+            self._unwait(waits)
             self.release(held)
             raise
         return held
+
+    def _unwait(self, waits: list[tuple[int, _Load]]) -> None:
+        """Give back the pins of reads this gather stopped waiting for (an error, or an
+        interrupt): a read still in flight will not pin for it, one that ended did."""
+        with self._lock:
+            for _, load in waits:
+                if load.done.is_set():
+                    if load.slot >= 0:
+                        self._pins[load.slot] -= 1
+                else:
+                    load.waiters -= 1
 
     def release(self, held: _Held) -> None:
         """Unpin what :meth:`hold` pinned and close the leases of its loose chunks."""
@@ -291,9 +314,9 @@ class ChunkReader:
 
     def _ahead(self, c: int, load: _Load) -> None:
         try:
-            self._fill([(c, load)], None)
-            with self._lock:
-                self.readahead_reads += 1
+            if self._fill([(c, load)], None):
+                with self._lock:
+                    self.readahead_reads += 1
         except BaseException as exc:
             # The batch that needs the chunk reads it again and raises its own error.
             if not self._closed:
@@ -311,17 +334,31 @@ class ChunkReader:
 
     def _fill(
         self, claimed: list[tuple[int, _Load]], held: _Held | None, *, keep: bool = True
-    ) -> None:
+    ) -> int:
         """Read claimed chunks through the cache into slots (kept, and pinned for
         ``held``); one without a free slot, or with ``keep=False``, is served to ``held``
-        as a view of its record, whose lease ``held`` closes on release (a read-ahead
-        without a slot keeps nothing)."""
+        as a view of its record, whose lease ``held`` closes on release. A read-ahead
+        (no ``held``) that finds no free slot reads nothing. Returns the chunks read."""
         chunks = [c for c, _ in claimed]
         index = self.index
         starts, ends = index.chunk_span(chunks)
         with self._lock:
             keep = keep and self.keep_misses if held is not None else keep
             slots = [self._take_slot() if keep else -1 for _ in chunks]
+            if held is None:  # read ahead only into a slot: the batch reads the rest
+                for (c, load), slot in zip(claimed, slots, strict=True):
+                    if slot < 0:
+                        if self._loading.get(c) is load:
+                            del self._loading[c]
+                        load.done.set()
+                kept = [k for k, slot in enumerate(slots) if slot >= 0]
+                if len(kept) < len(claimed):
+                    claimed = [claimed[k] for k in kept]
+                    slots = [slots[k] for k in kept]
+                    chunks = [chunks[k] for k in kept]
+                    starts, ends = starts[kept], ends[kept]
+                if not claimed:
+                    return 0
         loose: dict[int, np.ndarray] = {}
         lease: Lease | None = None
         try:
@@ -345,6 +382,7 @@ class ChunkReader:
                         self._free.append(slot)
                     if self._loading.get(c) is load:
                         del self._loading[c]
+                    load.slot = -1  # its waiters read it themselves
                     load.error = exc
                     load.done.set()
             raise
@@ -358,16 +396,19 @@ class ChunkReader:
             for c, load in claimed:
                 if load.slot >= 0:
                     self._slot_of[c] = load.slot
+                    self._pins[load.slot] += load.waiters
                     if held is not None:
                         held.slots[c] = load.slot  # keeps the pin taken with the slot
                     else:
                         self._pins[load.slot] -= 1
-                        self._unused.add(c)
+                        if not load.waiters:
+                            self._unused.add(c)
                 if self._loading.get(c) is load:
                     del self._loading[c]
                 load.done.set()
         if held is not None:
             held.loose.update(loose)
+        return len(chunks)
 
     def _tokens_of(self, c: int, buf: Any, expected: int) -> np.ndarray:
         index = self.index

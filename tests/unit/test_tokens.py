@@ -336,6 +336,108 @@ def test_a_gather_with_more_chunks_than_slots_serves_the_rest_from_records(
         reader.close()
 
 
+def _idle(reader: Any) -> None:
+    """Wait (bounded) until the reader's read-ahead threads have nothing in hand."""
+    with reader._lock:
+        assert reader._idle.wait_for(lambda: reader._running == 0, timeout=60)
+
+
+def test_a_chunk_read_ahead_outlives_used_chunks_until_a_batch_takes_it(
+    tmp_path: Path,
+) -> None:
+    """CI saw 41 chunk reads for 40 chunks: a chunk read ahead (so a batch will need it)
+    was the least recently used when a slot was needed, was dropped, and read again."""
+    from fastdata.tokens import ChunkReader
+
+    corpus = _flat(tmp_path / "c", [2000])
+    ds = fastdata.TokenDataset(
+        tmp_path / "c", block_size=10, chunk_bytes=100, cache_dir=tmp_path / "cache"
+    )
+    k = ds.blocks.chunk_blocks
+    with ds:
+        reader = ChunkReader(ds.blocks, ds.runtime().cache, capacity=3, readahead=1, threads=1)
+        out = np.zeros((1, 10), dtype=np.int64)
+        reader.readahead([1])
+        _idle(reader)
+        assert reader.readahead_reads == 1
+        for c in (0, 2, 3, 1):  # 3 needs a slot: it drops 0 (used), not 1 (not used yet)
+            reader.gather(np.array([c * k]), np.array([c]), out)
+            assert out[0].tolist() == corpus[c * k * 10 : c * k * 10 + 10].tolist()
+        assert reader.chunk_reads == 4
+        reader.close()
+
+
+def test_a_read_ahead_without_a_free_slot_reads_nothing(tmp_path: Path) -> None:
+    from fastdata.tokens import ChunkReader
+
+    _flat(tmp_path / "c", [2000])
+    ds = fastdata.TokenDataset(
+        tmp_path / "c", block_size=10, chunk_bytes=100, cache_dir=tmp_path / "cache"
+    )
+    with ds:
+        reader = ChunkReader(ds.blocks, ds.runtime().cache, capacity=1, readahead=1, threads=1)
+        held = reader.hold([0])  # the one slot, pinned
+        reader.readahead([1])
+        _idle(reader)
+        assert (reader.chunk_reads, reader.readahead_reads) == (1, 0)  # 1 was not read
+        reader.release(held)
+        out = np.zeros((1, 10), dtype=np.int64)
+        reader.gather(np.array([ds.blocks.chunk_blocks]), np.array([1]), out)
+        assert reader.chunk_reads == 2
+        assert sum(reader._pins) == 0
+        reader.close()
+
+
+def test_gathers_waiting_for_one_read_share_it_and_release_every_pin(tmp_path: Path) -> None:
+    """Two gathers need a chunk that a third is reading: neither reads it again (each is
+    given its pin when the read ends), and every pin is released after."""
+    import threading
+
+    from fastdata.tokens import ChunkReader
+
+    corpus = _flat(tmp_path / "c", [2000])
+    ds = fastdata.TokenDataset(
+        tmp_path / "c", block_size=10, chunk_bytes=100, cache_dir=tmp_path / "cache"
+    )
+    k = ds.blocks.chunk_blocks
+    with ds:
+        cache = ds.runtime().cache
+        entered, go = threading.Event(), threading.Event()
+
+        class Gate:
+            def get_many(self, ids: Any, **kwargs: Any) -> Any:
+                entered.set()
+                assert go.wait(60)
+                return cache.get_many(ids, **kwargs)
+
+        reader = ChunkReader(ds.blocks, Gate(), capacity=2, readahead=0)  # type: ignore[arg-type]
+        outs = [np.zeros((1, 10), dtype=np.int64) for _ in range(3)]
+
+        def gather(n: int) -> None:
+            reader.gather(np.array([5 * k + n]), np.array([5]), outs[n])
+
+        first = threading.Thread(target=gather, args=(0,))
+        first.start()
+        assert entered.wait(60)
+        waiters = [threading.Thread(target=gather, args=(n,)) for n in (1, 2)]
+        for t in waiters:
+            t.start()
+        for _ in range(6000):  # both registered on the read in flight (bounded)
+            with reader._lock:
+                if reader._loading[5].waiters == 2:
+                    break
+            threading.Event().wait(0.01)
+        go.set()
+        for t in (first, *waiters):
+            t.join(60)
+        for n, out in enumerate(outs):
+            start = (5 * k + n) * 10
+            assert out[0].tolist() == corpus[start : start + 10].tolist()
+        assert (reader.chunk_reads, reader.loose_reads) == (1, 0)
+        assert sum(reader._pins) == 0
+        reader.close()
+
+
 def test_resume_mid_epoch_over_many_chunks_in_another_world_size(tmp_path: Path) -> None:
     corpus = _flat(tmp_path / "c", [7_000, 5_123, 9_000])
     cache = tmp_path / "cache"
