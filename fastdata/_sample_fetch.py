@@ -94,3 +94,21 @@ def grouped(batches: Iterator[np.ndarray], group: int) -> Iterator[np.ndarray]:
             run = []
     if run:
         yield np.concatenate(run)
+
+
+def peeked(batches: Iterator[np.ndarray]) -> tuple[np.ndarray | None, Iterator[np.ndarray]]:
+    """The first batch (``None`` for none) and an iterator that still yields it first;
+    closing that iterator closes ``batches``."""
+    first = next(batches, None)
+
+    def again() -> Iterator[np.ndarray]:
+        try:
+            if first is not None:
+                yield first
+            yield from batches
+        finally:
+            close = getattr(batches, "close", None)
+            if callable(close):
+                close()
+
+    return first, again()

@@ -53,7 +53,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata._fork import reset_in_forked_child, this_process
 from fastdata._runtime import DatasetRuntime
-from fastdata._sample_fetch import grouped, make_fetch
+from fastdata._sample_fetch import grouped, make_fetch, peeked
 from fastdata.batch import (
     ID_KEY,
     Batch,
@@ -96,7 +96,8 @@ class Dataset(IterableDataset[Any]):
     """A dataset in object storage, read through the node cache by background threads.
 
     Args:
-        url: Dataset root (``s3://bucket/prefix``, ``file:///data``, a local path).
+        url: Dataset root (``s3://bucket/prefix``, ``file:///data``, a local path or
+            ``pathlib.Path``).
         layout: ``files``, ``tar``, ``parquet`` or ``packed``; detected when ``None``.
         pattern: Glob selecting objects below ``url`` (``**/*.jpg``).
         fields: Fields (tar extensions, Parquet columns) to read; ``None`` reads all.
@@ -145,7 +146,7 @@ class Dataset(IterableDataset[Any]):
 
     def __init__(
         self,
-        url: str,
+        url: str | os.PathLike[str],
         *,
         layout: str | None = None,
         pattern: str | None = None,
@@ -178,7 +179,7 @@ class Dataset(IterableDataset[Any]):
             _check_metadata_layout(self.metadata, layout)
         self.on_error: OnError = check_on_error(on_error)
         self.spec = DatasetSpec(
-            url,
+            os.fspath(url) if isinstance(url, os.PathLike) else url,
             layout=layout,
             pattern=pattern,
             fields=fields,
@@ -491,11 +492,14 @@ class Dataset(IterableDataset[Any]):
         batches: Iterator[np.ndarray] = plan.batches_for_worker(worker_id, num_workers)
         if group > 1:
             batches = grouped(batches, group)
+        # NOTE[prefetch-ramp]: an epoch whose first batch is all in RAM needs no ramp.
+        first, batches = peeked(batches)
         prefetcher = Prefetcher(
             batches,
             self._make_fetch(collate_fn, unbatch=unbatch, on_error=on_error),
             config=self.config.prefetch,
             hint=hint,
+            ramp=first is None or not runtime.cache.in_memory(first),
         )
         self._prefetchers.add(prefetcher)
         return prefetcher

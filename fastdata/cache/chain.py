@@ -607,6 +607,15 @@ class ReadThroughCache:
                     flight.record = records[j]
                 flight.event.set()
 
+    def in_memory(self, sample_ids: SampleIds) -> bool:
+        """Whether every sample is in the RAM tier (the first tier, when it is one): its
+        read costs no store, disk or bandwidth. Counts nothing (NOTE[prefetch-ramp])."""
+        ids = self._check_ids(sample_ids)
+        first = self.tiers[0] if self.tiers else None
+        if not ids or not isinstance(first, RamTier):
+            return False
+        return first.holds(self.source.keys(ids), self.source.fingerprints(ids))
+
     def hint(self, sample_ids: SampleIds) -> None:
         """Announce the ids read next, in order; forwarded to every tier as keys, and to
         the source when it has a ``hint(ids)`` (its readahead plan)."""

@@ -301,6 +301,18 @@ class RamTier:
         self._stats.add(corruptions=len(bad))
         return len(bad)
 
+    def holds(self, keys: Sequence[bytes], fingerprints: Sequence[bytes]) -> bool:
+        """Whether every key is here with its fingerprint; counts nothing, touches nothing
+        (the prefetcher asks it of an epoch's first batch, NOTE[prefetch-ramp])."""
+        if self._closed:
+            return False
+        with self._lock:
+            entries = self._entries
+            return all(
+                (e := entries.get(key)) is not None and e[0] == fp
+                for key, fp in zip(keys, fingerprints, strict=True)
+            )
+
     def hint(self, upcoming_keys: Sequence[bytes]) -> None:
         """Announce keys that will be read soon, in order.
 

@@ -352,6 +352,19 @@ def test_two_processes_building_at_once_share_one_index(tar_shards: Path, tmp_pa
     assert not list(root.glob(".tmp-*"))
 
 
+def test_a_dataset_root_may_be_a_pathlib_path(image_folder: Path, tmp_path: Path) -> None:
+    """``fastdata.Dataset(Path(...))`` was refused ("must be a non-empty string") while
+    ``TokenDataset`` took one; both now name the same dataset as the string."""
+    import fastdata
+
+    with (
+        fastdata.Dataset(image_folder, cache_dir=tmp_path / "a") as by_path,
+        fastdata.Dataset(str(image_folder), cache_dir=tmp_path / "b") as by_str,
+    ):
+        assert by_path.index.url == by_str.index.url == f"file://{image_folder}"
+        assert len(by_path) == len(by_str) > 0
+
+
 def test_open_index_validates_arguments(image_folder: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="consistency"):
         open_index(str(image_folder), consistency="sometimes")  # type: ignore[arg-type]
