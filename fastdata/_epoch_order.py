@@ -38,6 +38,12 @@ MAX_SEED = (1 << 128) - 1
 _STREAM_SAMPLES = 0
 _STREAM_SHARDS = 1
 _STREAM_WINDOWS = 2
+_STREAM_FIRST = 3
+#: The shard walk's version, in its digest: 2 split the first window (NOTE[first-window]).
+_WALK_VERSION = 2
+#: NOTE[first-window]: the first window's sub-windows end at the first walk boundaries
+#: at or past these fractions of it.
+_FIRST_SPLITS = (16, 8, 4, 2)
 # Alternating Feistel rounds; each half is rewritten _ROUNDS / 2 times. Eight pass
 # chi-square tests of position-by-id counts over 8000 seeds even on a 16-sample domain,
 # where six rounds left an excess (chi2/dof 1.12 against 0.86).
@@ -270,7 +276,7 @@ class EpochOrder:
         head = (ORDER_VERSION, self.num_samples, self.epoch, cfg.seed, cfg.shuffle)
         h.update(repr(head).encode())
         if self._shards is not None:
-            h.update(repr(cfg.window_samples).encode())
+            h.update(repr((_WALK_VERSION, cfg.window_samples)).encode())
             h.update(self._shards.sizes.tobytes())
         if self.num_samples:
             probe = np.linspace(0, self.num_samples - 1, num=16).astype(np.int64)
@@ -301,6 +307,14 @@ class _ShardWalk:
     visits shards in a shuffled order, each shard's ids in increasing order, so ``q``
     maps to one id of one shard. A window therefore touches only consecutive shards of
     the walk, and the walk reads shards one after another.
+
+    NOTE[first-window]: the first window is cut into sub-windows that end at shard
+    boundaries of the walk and double in size (the first walk boundary at or past 1/16
+    of the window, then 1/8, 1/4, 1/2, then the window's end), each permuted within
+    itself. A cold epoch's first batch then waits only for the shards of the first
+    sub-window or two instead of every shard of the window (a 512 MiB window of ~100 MB
+    Parquet row groups was the whole first batch's wait: 3.67 s), at the cost of less
+    mixing in the first window alone. Other windows are unchanged.
     """
 
     def __init__(self, sizes: np.ndarray, config: PlanConfig, epoch: int) -> None:
@@ -320,14 +334,28 @@ class _ShardWalk:
         self.shard_start = starts[self.shard_order]
         self.total = int(sizes.sum())
         self._window_keys = _round_keys(config.seed, epoch, _STREAM_WINDOWS)
+        self._first_keys = _round_keys(config.seed, epoch, _STREAM_FIRST)
+        first = min(self.window, self.total)
+        ends: list[int] = []
+        for split in _FIRST_SPLITS:
+            k = int(np.searchsorted(self.walk_end, max(first // split, 1), side="left"))
+            end = int(self.walk_end[k]) if k < self.walk_end.size else first
+            if (ends[-1] if ends else 0) < end < first:
+                ends.append(end)
+        self.first_ends = np.array([*ends, first], dtype=np.int64)
+        """Where the first window's sub-windows end (NOTE[first-window])."""
 
     def ids_at(self, pos: np.ndarray) -> np.ndarray:
         window_index = pos // self.window
         offset = pos - window_index * self.window
         walk_pos = np.empty_like(pos)
         full_windows = self.total // self.window
+        first = window_index == 0
+        if first.any():
+            walk_pos[first] = self._first_window(offset[first])
         for in_last in (False, True):
             mask = (window_index == full_windows) if in_last else (window_index < full_windows)
+            mask &= ~first
             if not mask.any():
                 continue
             size = self.total - full_windows * self.window if in_last else self.window
@@ -337,3 +365,17 @@ class _ShardWalk:
         shard = np.searchsorted(self.walk_end, walk_pos, side="right")
         ids: np.ndarray = self.shard_start[shard] + (walk_pos - self.walk_start[shard])
         return ids
+
+    def _first_window(self, offset: np.ndarray) -> np.ndarray:
+        """Walk positions of offsets in the first window (NOTE[first-window])."""
+        ends = self.first_ends
+        sub = np.searchsorted(ends, offset, side="right")
+        starts = np.concatenate([[0], ends[:-1]])
+        out = np.empty_like(offset)
+        for j in np.unique(sub).tolist():
+            mask = sub == j
+            start, size = int(starts[j]), int(ends[j] - starts[j])
+            salt = np.full(int(mask.sum()), j, dtype=np.uint64) * _GOLDEN
+            keys = [_mix(salt ^ k) for k in self._first_keys]
+            out[mask] = start + _permute(offset[mask] - start, size, keys)
+        return out
