@@ -43,8 +43,12 @@ per call, like a batch's own fetch (claimed, so a batch that needs one waits for
 instead of fetching it again). Readahead is bounded: at most ``READAHEAD_RANGES``
 ranges in flight, and it stops while the kept rows and the ranges in flight would pass
 a quarter of the budget; it resumes as rows are read. A range is read ahead at most once
-per plan. A readahead that fails only gives up its claims: the batch that needs the
-range fetches it itself and sees its own error. Readahead is optional: a thread that
+per plan, and only while the ranges in flight, the batches' own fetches included, stay
+within ``READAHEAD_INFLIGHT_BYTES`` (or nothing is in flight): with 100 MB Parquet row
+groups, four read ahead at once shared the store with the first batch's own row group,
+whose wait became the whole window's (2.9 s for the first batch with shuffle off). A
+readahead that fails only gives up its claims: the batch that needs the range fetches
+it itself and sees its own error. Readahead is optional: a thread that
 cannot start (the process's thread limit) costs the read nothing, and readahead threads
 that gave up waiting for room leave the plan to be started again by the next miss. Rows
 a plan fetched for samples the cache already held (a partly warm epoch) are dropped like
@@ -97,6 +101,11 @@ _READAHEAD_THREADS = 2
 call, so one call's slowest range does not leave the store idle."""
 _READAHEAD_BUDGET_SHARE = 4
 """Readahead pauses while kept rows plus ranges in flight exceed budget / this."""
+READAHEAD_INFLIGHT_BYTES = READAHEAD_RANGES * CHUNK_BYTES
+"""Readahead claims a range only while the ranges in flight, the batches' own fetches
+included, stay within this (64 MiB: the 8 ranges of 8 MiB of the range ceiling), or
+when nothing is in flight (NOTE[range-readahead]): 100 MB Parquet row groups are then
+fetched one after another, so a batch's own row group gets the store's bandwidth."""
 
 Fetch = Callable[[list[int]], dict[int, dict[int, tuple[Any, int]]]]
 """Fetches whole ranges: ``{range id: {sample id: (sample, estimated bytes)}}``."""
@@ -153,6 +162,10 @@ class SharedRanges:
         self._done: set[int] = set()
         """Ranges fetched (on demand or ahead) since the plan was given."""
         self._ahead_bytes = 0
+        self._demand_bytes = 0
+        """Estimated bytes of the ranges batches are fetching themselves."""
+        self._sizes: dict[int, int] = {}
+        """Estimated bytes of each planned range."""
         self._ahead_threads = 0
         self._room = threading.Condition(self._lock)
 
@@ -178,6 +191,7 @@ class SharedRanges:
             if not self.keeping:
                 return
             self._plan = collections.deque(order)
+            self._sizes = dict(order)
             self._plan_fetch = fetch
             self._armed = False
             self._done = set()
@@ -218,9 +232,17 @@ class SharedRanges:
                 elif self._take(rid, kept, sids, out):
                     mine.append(rid)  # some rows were read before: fetch the range again
             start = self._arm()
+            demand = sum(self._sizes.get(rid, 0) for rid in mine)
+            self._demand_bytes += demand
         self._start_ahead(start)
-        if mine:
-            self._fill(mine, want, fetch, out)
+        try:
+            if mine:
+                self._fill(mine, want, fetch, out)
+        finally:
+            if demand:
+                with self._lock:
+                    self._demand_bytes -= demand
+                    self._room.notify_all()
         for rid, kept in waits:
             kept.ready.wait(_WAIT_S)
             with self._lock:
@@ -267,7 +289,10 @@ class SharedRanges:
                 self._plan.popleft()
             if not self._plan:
                 return None
-            if self._bytes + self._ahead_bytes <= limit:
+            flying = self._ahead_bytes + self._demand_bytes
+            if self._bytes + self._ahead_bytes <= limit and (
+                not flying or flying + self._plan[0][1] <= READAHEAD_INFLIGHT_BYTES
+            ):
                 break
             if not self._room.wait(_WAIT_S):
                 return None
@@ -277,7 +302,10 @@ class SharedRanges:
             rid, size = self._plan.popleft()
             if rid in self._ranges or rid in self._done:
                 continue
-            if rids and self._bytes + self._ahead_bytes + nbytes + size > limit:
+            if rids and (
+                self._bytes + self._ahead_bytes + nbytes + size > limit
+                or flying + nbytes + size > READAHEAD_INFLIGHT_BYTES
+            ):
                 self._plan.appendleft((rid, size))
                 break
             self._ranges[rid] = _Range()
@@ -305,6 +333,7 @@ class SharedRanges:
                 finally:
                     with self._lock:
                         self._ahead_bytes -= nbytes
+                        self._room.notify_all()
         finally:
             with self._lock:
                 self._ahead_ended(1)

@@ -262,3 +262,46 @@ def test_readahead_that_stopped_waiting_for_room_starts_again_on_the_next_miss(
         read(memo, [r * ROWS + i for i in range(ROWS) if (r, i) != (0, 0)], fetch)
     read(memo, [(ahead + 1) * ROWS], fetch)  # a miss: the plan goes on
     wait_for(lambda: memo.read_ahead > ahead, "readahead to go on")
+
+
+def test_a_large_range_a_batch_is_fetching_is_not_shared_with_readahead() -> None:
+    """Issue 15: a cold Parquet epoch with shuffle off waited 2.9 s for its first batch.
+    Its row group (100 MB) was fetched while readahead fetched the next three at once,
+    so it got a quarter of the store. Readahead now waits while the ranges in flight,
+    the batch's own included, would pass READAHEAD_INFLIGHT_BYTES; with nothing in
+    flight it takes one range, however large."""
+    from fastdata.layouts import ranges
+
+    big = ranges.READAHEAD_INFLIGHT_BYTES  # each range alone fills the in-flight bytes
+    gate = threading.Event()
+    log: list[tuple[str, int]] = []
+    parked = threading.Event()
+
+    class Room(threading.Condition):
+        def wait(self, timeout: float | None = None) -> bool:
+            parked.set()  # a readahead thread waits for room
+            return super().wait(timeout)
+
+    entered = threading.Event()
+
+    def fetch(rids: list[int]) -> dict[int, dict[int, tuple[Any, int]]]:
+        log.extend(("start", r) for r in rids)
+        if rids == [0]:
+            entered.set()
+            assert gate.wait(30)
+        log.extend(("end", r) for r in rids)
+        return {r: {r * ROWS + i: ({"id": r * ROWS + i}, 100) for i in range(ROWS)} for r in rids}
+
+    memo = SharedRanges(budget=64 * big)
+    memo._room = Room(memo._lock)
+    memo.plan_ahead([(r, big) for r in range(4)], fetch)
+    batch = threading.Thread(target=lambda: memo.read([0], [0], fetch))
+    batch.start()
+    assert entered.wait(30)
+    assert parked.wait(30)  # readahead is waiting, not fetching
+    assert log == [("start", 0)]
+    gate.set()
+    batch.join(30)
+    wait_for(lambda: memo.read_ahead == 3, "ranges 1-3 read ahead")
+    # One at a time: each range read ahead started after the one before it ended.
+    assert log == [(e, r) for r in range(4) for e in ("start", "end")]
