@@ -115,7 +115,7 @@ class ParquetPieces(TokenPieces):
             return found
 
     def _decode_group(self, piece: int, view: memoryview) -> np.ndarray:
-        from fastdata.layouts.parquet import _RangeFile
+        from fastdata.layouts.parquet import open_span
 
         obj = int(self.piece_obj[piece])
         info = self.base.object_info(obj)
@@ -124,8 +124,8 @@ class ParquetPieces(TokenPieces):
         group = int(self.piece_group[piece])
         start = int(self.piece_span[piece][0])
         try:
-            source = _RangeFile(info.size, start, view, info.path)
-            reader = pq.ParquetFile(pa.PythonFile(source, mode="r"), metadata=meta.metadata)
+            source = open_span(info.size, start, view, info.path)
+            reader = pq.ParquetFile(source, metadata=meta.metadata)
             column = reader.read_row_group(group, columns=[self.column]).column(0)
             chunk = column.combine_chunks()
             values = cast("pa.ListArray[Any]", chunk).flatten()

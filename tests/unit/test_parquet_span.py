@@ -1,0 +1,56 @@
+"""NOTE[parquet-span]: a fetched row-group span, read natively at its file offsets."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from fastdata.layouts.parquet import _group_span, open_span
+
+
+def _file() -> tuple[bytes, pq.FileMetaData]:
+    out = io.BytesIO()
+    table = pa.table(
+        {"x": np.arange(3000), "b": [bytes([i % 256]) * (50 + i % 7) for i in range(3000)]}
+    )
+    pq.write_table(table, out, row_group_size=1000)
+    data = out.getvalue()
+    return data, pq.ParquetFile(pa.BufferReader(data)).metadata
+
+
+def _span(data: bytes, meta: pq.FileMetaData, group: int) -> tuple[int, memoryview]:
+    start, end = _group_span(meta.row_group(group), group, [0, 1], "f", len(data) - 8)
+    return start, memoryview(data)[start:end]
+
+
+@pytest.mark.parametrize("group", [0, 1, 2])
+def test_a_row_group_read_from_its_span_equals_the_file_read(group: int) -> None:
+    data, meta = _file()
+    start, view = _span(data, meta, group)
+    source = open_span(len(data), start, view, "f")
+    assert isinstance(source, pa.BufferReader)  # native, not a Python file object
+    got = pq.ParquetFile(source, metadata=meta).read_row_group(group)
+    assert got.equals(pq.ParquetFile(pa.BufferReader(data)).read_row_group(group))
+
+
+def test_a_row_group_outside_the_fetched_span_fails_to_decode_without_reading_memory() -> None:
+    """The bytes outside the span are zeros (a footer pointing there cannot read anything
+    else): reading another row group through the span is an error, not another's bytes."""
+    data, meta = _file()
+    start, view = _span(data, meta, 1)
+    reader = pq.ParquetFile(open_span(len(data), start, view, "f"), metadata=meta)
+    with pytest.raises((pa.ArrowException, OSError)):
+        reader.read_row_group(0)
+
+
+def test_a_span_that_does_not_fit_the_file_is_read_through_the_python_file() -> None:
+    data, meta = _file()
+    start, view = _span(data, meta, 2)
+    source = open_span(start + len(view) - 1, start, view, "f")  # a size that lies
+    assert not isinstance(source, pa.BufferReader)
+    with pytest.raises((pa.ArrowException, OSError)):
+        pq.ParquetFile(source, metadata=meta).read_row_group(2)
