@@ -312,9 +312,10 @@ class _ShardWalk:
     boundaries of the walk and double in size (the first walk boundary at or past 1/16
     of the window, then 1/8, 1/4, 1/2, then the window's end), each permuted within
     itself. A cold epoch's first batch then waits only for the shards of the first
-    sub-window or two instead of every shard of the window (a 512 MiB window of ~100 MB
-    Parquet row groups was the whole first batch's wait: 3.67 s), at the cost of less
-    mixing in the first window alone. Other windows are unchanged.
+    sub-window or two instead of every shard of the window (5,000 rows of 100 KiB in
+    row groups of 1,000, one 512 MiB window, cold on SeaweedFS: 1.75-2.79 s to the first
+    batch before, 0.44-0.63 s after), at the cost of less mixing in the first window
+    alone. Other windows are unchanged.
     """
 
     def __init__(self, sizes: np.ndarray, config: PlanConfig, epoch: int) -> None:
