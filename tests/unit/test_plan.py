@@ -117,8 +117,9 @@ def test_shard_window_walks_shards_in_shuffled_order() -> None:
 def test_the_first_batch_of_a_walk_needs_only_the_first_shards(epoch: int) -> None:
     """NOTE[first-window]. A cold shuffled Parquet epoch waited 1.75-2.79 s for its
     first batch: the first window (512 MiB, every row group of the dataset) was shuffled
-    as one, so the first batch needed every row group of it. Its first sub-window now ends at the first
-    walk boundary at or past 1/16 of the window, and the sub-windows double from there."""
+    as one, so the first batch needed every row group of it. Its first sub-window now
+    ends at the first walk boundary at or past 1/16 of the window, and the sub-windows
+    double from there."""
     sizes = [1000] * 40  # row groups of 1,000 rows
     window = 16_000
     order = EpochOrder(
