@@ -96,19 +96,35 @@ def grouped(batches: Iterator[np.ndarray], group: int) -> Iterator[np.ndarray]:
         yield np.concatenate(run)
 
 
-def peeked(batches: Iterator[np.ndarray]) -> tuple[np.ndarray | None, Iterator[np.ndarray]]:
-    """The first batch (``None`` for none) and an iterator that still yields it first;
-    closing that iterator closes ``batches``."""
-    first = next(batches, None)
+class Peeked:
+    """Batches with the first one read ahead (``first``, ``None`` for none); iterating
+    yields it first. An error raised while reading it is raised at the first
+    ``next()``, where the prefetcher notes which batch was being planned, and
+    :meth:`close` closes ``batches`` whether or not iteration started."""
 
-    def again() -> Iterator[np.ndarray]:
+    def __init__(self, batches: Iterator[np.ndarray]) -> None:
+        self._batches = batches
+        self._error: Exception | None = None
+        self.first: np.ndarray | None = None
         try:
-            if first is not None:
-                yield first
-            yield from batches
-        finally:
-            close = getattr(batches, "close", None)
-            if callable(close):
-                close()
+            self.first = next(batches, None)
+        except Exception as exc:
+            self._error = exc
+        self._pending = self.first is not None
 
-    return first, again()
+    def __iter__(self) -> Peeked:
+        return self
+
+    def __next__(self) -> np.ndarray:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        if self._pending:
+            self._pending = False
+            return self.first  # type: ignore[return-value]  # set when pending
+        return next(self._batches)
+
+    def close(self) -> None:
+        close = getattr(self._batches, "close", None)
+        if callable(close):
+            close()

@@ -53,7 +53,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata._fork import reset_in_forked_child, this_process
 from fastdata._runtime import DatasetRuntime
-from fastdata._sample_fetch import grouped, make_fetch, peeked
+from fastdata._sample_fetch import Peeked, grouped, make_fetch
 from fastdata.batch import (
     ID_KEY,
     Batch,
@@ -493,14 +493,19 @@ class Dataset(IterableDataset[Any]):
         if group > 1:
             batches = grouped(batches, group)
         # NOTE[prefetch-ramp]: an epoch whose first batch is all in RAM needs no ramp.
-        first, batches = peeked(batches)
-        prefetcher = Prefetcher(
-            batches,
-            self._make_fetch(collate_fn, unbatch=unbatch, on_error=on_error),
-            config=self.config.prefetch,
-            hint=hint,
-            ramp=first is None or not runtime.cache.in_memory(first),
-        )
+        planned = Peeked(batches)
+        try:
+            ramp = planned.first is None or not runtime.cache.in_memory(planned.first)
+            prefetcher = Prefetcher(
+                planned,
+                self._make_fetch(collate_fn, unbatch=unbatch, on_error=on_error),
+                config=self.config.prefetch,
+                hint=hint,
+                ramp=ramp,
+            )
+        except BaseException:
+            planned.close()
+            raise
         self._prefetchers.add(prefetcher)
         return prefetcher
 

@@ -103,8 +103,8 @@ class _RangeFile(io.RawIOBase):
 
 
 _SPARSE_MAX_BYTES = 64 * 1024**3
-"""Largest file :func:`open_span` maps sparsely (address space only; beyond it, or where
-the mapping fails, row groups are read through :class:`_RangeFile`)."""
+"""Largest span end :func:`open_span` maps sparsely (address space only; beyond it, or
+where the mapping fails, row groups are read through :class:`_RangeFile`)."""
 
 
 def open_span(size: int, start: int, view: memoryview, path: str) -> pa.NativeFile:
@@ -115,15 +115,18 @@ def open_span(size: int, start: int, view: memoryview, path: str) -> pa.NativeFi
     fetched span must appear at those offsets. A Python file object (:class:`_RangeFile`)
     made pyarrow call back into Python, under the GIL, for every read: 312 ms for a
     102 MB row group against 124 ms this way, the copy included. So the span is copied into a
-    private anonymous mapping of the file's size, which costs address space, not memory,
-    for the bytes outside it (they read as zeros: a footer that pointed there fails to
-    decode, it cannot read another object's bytes), and pyarrow reads it natively.
+    private anonymous mapping that ends where the span ends, which costs address space,
+    not memory, for the bytes before it (they read as zeros, and a read past the end is
+    refused by pyarrow's bounds checks: a footer that pointed elsewhere fails to decode,
+    it cannot read another object's bytes), and pyarrow reads it natively. Where the
+    mapping cannot be made (a strict overcommit policy charges its whole size), the
+    Python file object is used.
     """
     if size <= _SPARSE_MAX_BYTES and start + len(view) <= size:
         try:
             sparse = mmap.mmap(
                 -1,
-                max(size, 1),
+                max(start + len(view), 1),
                 flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,  # type: ignore[attr-defined,unused-ignore]
             )
         except (OSError, ValueError, AttributeError):

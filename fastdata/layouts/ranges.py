@@ -234,8 +234,8 @@ class SharedRanges:
             start = self._arm()
             demand = sum(self._sizes.get(rid, 0) for rid in mine)
             self._demand_bytes += demand
-        self._start_ahead(start)
         try:
+            self._start_ahead(start)
             if mine:
                 self._fill(mine, want, fetch, out)
         finally:

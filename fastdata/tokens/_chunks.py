@@ -153,12 +153,13 @@ class ChunkReader:
             self._arena = arena
         return self._arena
 
-    def _take_slot(self) -> int:
+    def _take_slot(self, *, ahead: bool = False) -> int:
         """A free slot, pinned, or -1 (lock held).
 
         Makes room by dropping the least recently used unpinned chunk that a batch has
         used; a chunk read ahead and not used yet goes only when nothing else can (a
-        batch is known to need it: dropping it first would read it twice)."""
+        batch is known to need it: dropping it first would read it twice), and never for
+        another read-ahead (``ahead``), which would drop a chunk needed sooner."""
         if not self._free:
             victim = -1
             for c, slot in self._slot_of.items():
@@ -167,7 +168,7 @@ class ChunkReader:
                 if c not in self._unused:
                     victim = c
                     break
-                if victim < 0:
+                if victim < 0 and not ahead:
                     victim = c
             if victim >= 0:
                 self._free.append(self._slot_of.pop(victim))
@@ -242,24 +243,28 @@ class ChunkReader:
                 c, load = waits[0]
                 while not load.done.wait(_WAIT_POLL_S):
                     pass  # a read in flight ends within the store's own timeouts
-                waits.pop(0)
                 if load.slot >= 0:
                     held.slots[c] = load.slot  # pinned for this gather when the read ended
+                    waits.pop(0)
                     continue
+                waits.pop(0)
                 # Failed, or read without a slot: read it here (so that any error is this
                 # caller's).
                 self._fill([(c, _Load())], held, keep=False)
         except BaseException:
-            self._unwait(waits)
+            self._unwait(waits, held)
             self.release(held)
             raise
         return held
 
-    def _unwait(self, waits: list[tuple[int, _Load]]) -> None:
+    def _unwait(self, waits: list[tuple[int, _Load]], held: _Held) -> None:
         """Give back the pins of reads this gather stopped waiting for (an error, or an
-        interrupt): a read still in flight will not pin for it, one that ended did."""
+        interrupt): a read still in flight will not pin for it, one that ended did (a
+        pin already in ``held`` is given back by :meth:`release`)."""
         with self._lock:
-            for _, load in waits:
+            for c, load in waits:
+                if load.slot >= 0 and held.slots.get(c) == load.slot:
+                    continue
                 if load.done.is_set():
                     if load.slot >= 0:
                         self._pins[load.slot] -= 1
@@ -344,7 +349,7 @@ class ChunkReader:
         starts, ends = index.chunk_span(chunks)
         with self._lock:
             keep = keep and self.keep_misses if held is not None else keep
-            slots = [self._take_slot() if keep else -1 for _ in chunks]
+            slots = [self._take_slot(ahead=held is None) if keep else -1 for _ in chunks]
             if held is None:  # read ahead only into a slot: the batch reads the rest
                 for (c, load), slot in zip(claimed, slots, strict=True):
                     if slot < 0:
@@ -386,10 +391,6 @@ class ChunkReader:
                     load.error = exc
                     load.done.set()
             raise
-        if loose and held is not None:
-            held.leases.append(lease)
-        else:
-            lease.close()
         with self._lock:
             self.chunk_reads += len(chunks)
             self.loose_reads += len(chunks) - sum(slot >= 0 for slot in slots)
@@ -406,8 +407,12 @@ class ChunkReader:
                 if self._loading.get(c) is load:
                     del self._loading[c]
                 load.done.set()
-        if held is not None:
+        # The arena's state is committed above, so a failure below cannot strand a load.
+        if loose and held is not None:
+            held.leases.append(lease)
             held.loose.update(loose)
+        else:
+            lease.close()
         return len(chunks)
 
     def _tokens_of(self, c: int, buf: Any, expected: int) -> np.ndarray:

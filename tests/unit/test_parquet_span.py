@@ -54,3 +54,11 @@ def test_a_span_that_does_not_fit_the_file_is_read_through_the_python_file() -> 
     assert not isinstance(source, pa.BufferReader)
     with pytest.raises((pa.ArrowException, OSError)):
         pq.ParquetFile(source, metadata=meta).read_row_group(2)
+
+
+def test_a_row_group_after_the_span_is_refused_by_the_bounds_check() -> None:
+    data, meta = _file()
+    start, view = _span(data, meta, 0)
+    reader = pq.ParquetFile(open_span(len(data), start, view, "f"), metadata=meta)
+    with pytest.raises((pa.ArrowException, OSError)):
+        reader.read_row_group(2)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from fastdata.config import PrefetchConfig
@@ -113,3 +114,41 @@ def test_a_dataset_ramps_unless_its_first_batch_is_in_ram(tmp_path: Path) -> Non
             # Cold: the ramp. Then the RAM tier holds every sample, or (no RAM tier) the
             # second epoch reads LMDB, which still needs the disk.
             assert ramps == [True, ramp_again], ram_bytes
+
+
+def test_the_peeked_plan_keeps_the_prefetchers_error_note_and_closes_its_source() -> None:
+    """A review found that reading the first batch ahead (to ask whether it is in RAM)
+    raised a planning error at once, without the note naming the batch being planned."""
+    import pytest
+
+    from fastdata._sample_fetch import Peeked
+
+    closed: list[bool] = []
+
+    def broken() -> Iterator[int]:
+        try:
+            raise ValueError("no plan")
+            yield 0
+        finally:
+            closed.append(True)
+
+    planned = Peeked(broken())  # type: ignore[arg-type]
+    assert planned.first is None
+    with (
+        Prefetcher(planned, lambda i: i, hint=lambda b: None) as p,
+        pytest.raises(ValueError, match="no plan") as info,
+    ):
+        next(p)
+    assert any("planning batch 0" in note for note in info.value.__notes__)
+
+    def fine() -> Iterator[int]:
+        try:
+            yield from range(5)
+        finally:
+            closed.append(True)
+
+    closed.clear()
+    planned = Peeked(fine())  # type: ignore[arg-type]
+    assert planned.first == 0
+    planned.close()  # never iterated: the source is closed all the same
+    assert closed == [True]

@@ -388,6 +388,28 @@ def test_a_read_ahead_without_a_free_slot_reads_nothing(tmp_path: Path) -> None:
         reader.close()
 
 
+def test_a_read_ahead_never_drops_a_chunk_read_ahead_before_it(tmp_path: Path) -> None:
+    """A review found that a read-ahead making room dropped the oldest chunk read ahead
+    and not used yet: the one needed soonest, so it was read twice."""
+    from fastdata.tokens import ChunkReader
+
+    _flat(tmp_path / "c", [2000])
+    ds = fastdata.TokenDataset(
+        tmp_path / "c", block_size=10, chunk_bytes=100, cache_dir=tmp_path / "cache"
+    )
+    k = ds.blocks.chunk_blocks
+    with ds:
+        reader = ChunkReader(ds.blocks, ds.runtime().cache, capacity=2, readahead=3, threads=1)
+        reader.readahead([1, 2, 3])
+        _idle(reader)
+        assert (reader.readahead_reads, sorted(reader._slot_of)) == (2, [1, 2])  # 3 waits
+        out = np.zeros((1, 10), dtype=np.int64)
+        for c in (1, 2, 3):
+            reader.gather(np.array([c * k]), np.array([c]), out)
+        assert reader.chunk_reads == 3  # each chunk once
+        reader.close()
+
+
 def test_gathers_waiting_for_one_read_share_it_and_release_every_pin(tmp_path: Path) -> None:
     """Two gathers need a chunk that a third is reading: neither reads it again (each is
     given its pin when the read ends), and every pin is released after."""
