@@ -432,11 +432,36 @@ def _group_span(
 
 
 def _read_footer(path: str, size: int, extra: bytes) -> pq.FileMetaData:
+    data_end = size - len(extra) + len(_MAGIC)
     try:
-        return pq.read_metadata(pa.BufferReader(extra))
+        metadata = pq.read_metadata(pa.BufferReader(extra))
     except (pa.ArrowException, OSError, ValueError) as exc:
-        data_end = size - len(extra) + len(_MAGIC)
         raise corrupt(path, data_end, f"unreadable Parquet footer ({exc})") from exc
+    # NOTE[parquet-footer-types]: pyarrow aborts the process (a C++ exception thrown
+    # where none may pass) when it builds the statistics of a column chunk whose type
+    # disagrees with the schema, so a damaged footer is refused here, before anything
+    # asks for them.
+    schema = metadata.schema
+    types = [schema.column(leaf).physical_type for leaf in range(len(schema))]
+    for group in range(metadata.num_row_groups):
+        rg = metadata.row_group(group)
+        if rg.num_columns != len(types):
+            raise corrupt(
+                path,
+                data_end,
+                f"Parquet footer: row group {group} has {rg.num_columns} column chunks for "
+                f"{len(types)} schema columns",
+            )
+        for leaf, want in enumerate(types):
+            got = rg.column(leaf).physical_type
+            if got != want:
+                raise corrupt(
+                    path,
+                    data_end,
+                    f"Parquet footer: row group {group} column {leaf} is {got}, the schema "
+                    f"says {want}",
+                )
+    return metadata
 
 
 def _leaf_array(table: pa.Table, output: Output) -> pa.Array[Any]:
