@@ -107,7 +107,7 @@ def _report_changes(old: SampleIndex, new: Selection, strict: bool) -> None:
 
 
 def open_index(
-    url: str,
+    url: str | os.PathLike[str],
     *,
     layout: str | None = None,
     pattern: str | None = None,

@@ -70,6 +70,7 @@ from fastdata.index import SampleIndex
 from fastdata.plan import EpochOrder, EpochPlan, PlanConfig, ShuffleMode
 from fastdata.prefetch import Prefetcher
 from fastdata.spec import DatasetSpec, epoch_order
+from fastdata.store import normalize_url
 
 METADATA = frozenset({"__key__", "__member__"})
 """Names ``Dataset(metadata=...)`` accepts."""
@@ -179,7 +180,7 @@ class Dataset(IterableDataset[Any]):
             _check_metadata_layout(self.metadata, layout)
         self.on_error: OnError = check_on_error(on_error)
         self.spec = DatasetSpec(
-            os.fspath(url) if isinstance(url, os.PathLike) else url,
+            normalize_url(url),
             layout=layout,
             pattern=pattern,
             fields=fields,

@@ -26,15 +26,17 @@ def parse_url(url: str) -> tuple[str, str, bool]:
     return protocol, rest, True
 
 
-def normalize_url(url: str) -> str:
+def normalize_url(url: str | os.PathLike[str]) -> str:
     """The canonical form of a dataset URL (the dataset id is derived from it).
 
-    A plain path becomes an absolute ``file://`` URL; the scheme is lower-cased and a
-    trailing ``/`` dropped.
+    A plain path (a string or a ``pathlib.Path``) becomes an absolute ``file://`` URL; the
+    scheme is lower-cased and a trailing ``/`` dropped.
 
     Raises:
-        ConfigError: The URL is empty or not a string.
+        ConfigError: The URL is empty or neither a string nor a path.
     """
+    if isinstance(url, os.PathLike):
+        url = os.fspath(url)
     if not isinstance(url, str) or not url.strip():
         raise ConfigError(f"dataset URL must be a non-empty string, got {url!r}")
     url = url.strip()

@@ -39,6 +39,7 @@ from fastdata.errors import ConfigError, CorruptRecordError
 from fastdata.plan import EpochOrder, EpochPlan, PlanConfig, ShuffleMode
 from fastdata.prefetch import Prefetcher, PrefetchStats
 from fastdata.spec import DatasetSpec
+from fastdata.store import normalize_url
 from fastdata.tokens._blocks import DEFAULT_CHUNK_BYTES, TOKENS, BlockIndex
 from fastdata.tokens._chunks import READAHEAD_THREADS, ChunkReader
 from fastdata.tokens._parquet import ParquetPieces
@@ -148,7 +149,7 @@ class TokenDataset(Dataset):
         on_error: OnError = "raise",
     ) -> None:
         IterableDataset.__init__(self)
-        url = os.fspath(url) if isinstance(url, os.PathLike) else url
+        url = normalize_url(url)
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise ConfigError(f"block_size must be a positive int, got {block_size!r}")
         if tail not in ("drop", "pad"):

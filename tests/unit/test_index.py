@@ -363,6 +363,9 @@ def test_a_dataset_root_may_be_a_pathlib_path(image_folder: Path, tmp_path: Path
     ):
         assert by_path.index.url == by_str.index.url == f"file://{image_folder}"
         assert len(by_path) == len(by_str) > 0
+    # The shared URL parser takes it, so every entry point does: the index alone too.
+    index = open_index(image_folder, cache_dir=str(tmp_path / "c"))
+    assert index.url == f"file://{image_folder}"
 
 
 def test_open_index_validates_arguments(image_folder: Path, tmp_path: Path) -> None:
