@@ -34,7 +34,7 @@ import numpy as np
 from fastdata import record
 from fastdata._pagecache import drop_page_cache
 from fastdata.benchmark._measure import cpu_spent, percentiles, process_cpu_s, server_cpu_s
-from fastdata.cache.lmdb_budget import HEADER_BYTES
+from fastdata.cache.lmdb import HEADER_BYTES
 from fastdata.config import StoreConfig
 from fastdata.index import SampleIndex
 from fastdata.store import ByteRange, Store
@@ -151,8 +151,7 @@ def raw_get_ceiling(
     import obstore
     from obstore.store import S3Store
 
-    from fastdata.store._s3options import obstore_s3_settings
-    from fastdata.store._url import parse_url
+    from fastdata.store import obstore_s3_settings, parse_url
 
     protocol, rest, _ = parse_url(url)
     if protocol not in ("s3", "s3a"):

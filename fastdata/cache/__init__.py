@@ -7,7 +7,7 @@ crash safety and what ``stats()`` returns.
 from __future__ import annotations
 
 from fastdata.cache.chain import CacheStats, ReadThroughCache, SampleSource, default_tiers
-from fastdata.cache.lmdb_tier import LmdbTier
+from fastdata.cache.lmdb import LmdbTier
 from fastdata.cache.ram import RamTier
 from fastdata.cache.tier import (
     CacheItem,

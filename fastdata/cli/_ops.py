@@ -38,8 +38,7 @@ def stats_command(cache_dir: str | None, max_bytes: int | None, as_json: bool) -
     """Show the node cache: size and budget, datasets, hit/miss counters."""
     from rich.console import Console
 
-    from fastdata.ops import cache_stats
-    from fastdata.ops._render import stats_table
+    from fastdata.ops import cache_stats, stats_table
 
     cache: dict[str, Any] = {"dir": cache_dir} if cache_dir else {}
     if max_bytes is not None:
@@ -77,8 +76,7 @@ def stats_command(cache_dir: str | None, max_bytes: int | None, as_json: bool) -
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def doctor_command(url: str, **params: Any) -> None:
     """Measure why training on URL would wait for data, and print advice."""
-    from fastdata.ops import DoctorConfig, doctor
-    from fastdata.ops._render import doctor_lines
+    from fastdata.ops import DoctorConfig, doctor, doctor_lines
 
     plan = node_plan(params)
     options = DoctorConfig(

@@ -307,7 +307,7 @@ def check_cache_dir(
     """Exit 2 with one line when the cache directory (of ``config``, else the default)
     cannot serve the command."""
     from fastdata.config import default_cache_dir
-    from fastdata.ops._cachedir import cache_dir_problem
+    from fastdata.ops import cache_dir_problem
 
     path = config.cache.resolved_dir() if config is not None else default_cache_dir()
     kwargs = {"hint": hint} if hint else {}

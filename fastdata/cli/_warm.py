@@ -69,7 +69,7 @@ def warm_command(url: str, **params: Any) -> None:
     """
     from rich.console import Console
 
-    from fastdata.ops._render import BarProgress, LogProgress, stopped_line, warm_summary
+    from fastdata.ops import BarProgress, LogProgress, stopped_line, warm_summary
     from fastdata.warm import WarmConfig, WarmStop, warm
 
     plan = node_plan(params)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fastdata.errors import ConfigError
+from fastdata.layouts._parquet_schema import _leaf_count as leaf_count
 from fastdata.layouts.base import (
     NO_LABEL,
     ROW_DTYPE,
@@ -29,6 +30,7 @@ from fastdata.layouts.tar import TarLayout
 from fastdata.store import ObjectInfo
 
 __all__ = [
+    "leaf_count",
     "LAYOUTS",
     "NO_LABEL",
     "PACKED_EXTENSION",

@@ -19,7 +19,7 @@ import numpy as np
 
 from fastdata._pagecache import drop_page_cache
 from fastdata.cache import LmdbTier
-from fastdata.cache.lmdb_budget import record_costs, room_bytes
+from fastdata.cache.lmdb import record_costs, room_bytes
 from fastdata.config import FastdataConfig, check_int
 from fastdata.errors import ConfigError
 from fastdata.index import SampleIndex

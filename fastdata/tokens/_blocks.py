@@ -16,9 +16,8 @@ from typing import Any, Literal
 import numpy as np
 
 from fastdata._fork import reset_in_forked_child
-from fastdata._index_keys import mix
-from fastdata._source_base import BoundSource
 from fastdata.errors import ConfigError, CorruptRecordError
+from fastdata.index import BoundSource, mix
 from fastdata.layouts import Layout
 from fastdata.store import Store
 from fastdata.tokens._pieces import TokenPieces

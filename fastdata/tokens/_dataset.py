@@ -21,20 +21,18 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata._fork import reset_in_forked_child, this_process
-from fastdata._runtime import DatasetRuntime
-from fastdata._sample_fetch import grouped as _grouped
 from fastdata.config import FastdataConfig, parse_size
 from fastdata.dataset import (
-    _OPEN,
     ID_KEY,
     Batch,
     Dataset,
     OnError,
     SkippedBatch,
-    _merge_config,
-    _shuffle_mode,
     check_on_error,
 )
+from fastdata.dataset._dataset import _OPEN, _merge_config, _shuffle_mode
+from fastdata.dataset._fetch import grouped as _grouped
+from fastdata.dataset._runtime import DatasetRuntime
 from fastdata.errors import ConfigError, CorruptRecordError
 from fastdata.plan import EpochOrder, EpochPlan, PlanConfig, ShuffleMode
 from fastdata.prefetch import Prefetcher, PrefetchStats

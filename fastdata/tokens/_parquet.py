@@ -171,6 +171,6 @@ def _token_type(schema: pa.Schema, column: str, path: str, seen: np.dtype | None
 
 
 def _leaves(kind: pa.DataType) -> int:
-    from fastdata.layouts._parquet_schema import _leaf_count
+    from fastdata.layouts import leaf_count
 
-    return _leaf_count(kind)
+    return leaf_count(kind)

@@ -10,7 +10,7 @@ first (epoch order of this node's ranks with ``--plan``, so that the first epoch
 warm; id order otherwise, which fetches whole objects and runs of shards). The room is
 the budget minus the LMDB lock file, the tier's reserve (1% + 20 pages) and what the
 other datasets that are not idle hold; each sample is charged its record's pages
-(``fastdata.cache.lmdb_budget``: ``room_bytes``, ``record_costs``, ``fit_budget``, the
+(``fastdata.cache.lmdb``: ``room_bytes``, ``record_costs``, ``fit_budget``, the
 tier's own cost model, NOTE[lmdb-budget]).
 """
 

@@ -10,7 +10,7 @@ from collections import defaultdict
 import numpy as np
 
 from fastdata.cache import LmdbTier
-from fastdata.cache.lmdb_budget import fit_budget, record_costs, room_bytes
+from fastdata.cache.lmdb import fit_budget, record_costs, room_bytes
 from fastdata.config import FastdataConfig
 from fastdata.errors import CacheError, ConfigError
 from fastdata.index import SampleIndex

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fastdata.cache import LmdbTier, make_key
-from fastdata.cache._readahead import is_resident, value_spans
+from fastdata.cache.lmdb._readahead import is_resident, value_spans
 from fastdata.config import CacheConfig
 from fastdata.errors import ConfigError
 from tests.contracts.tier_contract import DATASET, fingerprint, item

@@ -1,4 +1,4 @@
-"""A full disk degrades, never kills (NOTE[lmdb-write-off] in ``_lmdb_core.py``).
+"""A full disk degrades, never kills (NOTE[lmdb-write-off] in ``_core.py``).
 
 ENOSPC, EDQUOT or EIO anywhere in the write path turns the LMDB tier read-only for the
 rest of the process with one warning; every sample still comes back byte-identical,
@@ -19,7 +19,8 @@ from typing import Any
 import lmdb
 import pytest
 
-from fastdata.cache import CacheItem, LmdbTier, ReadThroughCache, _lmdb_env, make_key
+from fastdata.cache import CacheItem, LmdbTier, ReadThroughCache, make_key
+from fastdata.cache.lmdb import _env as _lmdb_env
 from fastdata.config import CacheConfig
 from tests.contracts.tier_contract import (
     DATASET,

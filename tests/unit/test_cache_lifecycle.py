@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from fastdata import record
-from fastdata.cache import LmdbTier, _lmdb_env
-from fastdata.cache._readahead import Readahead
+from fastdata.cache import LmdbTier
+from fastdata.cache.lmdb import _env as _lmdb_env
+from fastdata.cache.lmdb._readahead import Readahead
 from fastdata.config import CacheConfig
 from tests.contracts.tier_contract import item, read_all
 
@@ -91,7 +92,7 @@ def test_foreign_error_in_a_read_falls_through_and_ends_the_transaction(
     handle = tier._get_handle()
     assert handle is not None
     monkeypatch.setattr(record, "verify_many", broken_verify)
-    with caplog.at_level(logging.WARNING, logger="fastdata.cache.lmdb_tier"):
+    with caplog.at_level(logging.WARNING, logger="fastdata.cache.lmdb"):
         assert read_all(tier, KEYS, FINGERPRINTS) == [None] * 12
         assert read_all(tier, KEYS[:2], FINGERPRINTS[:2]) == [None] * 2
     assert [r.message.count("RuntimeError") for r in caplog.records] == [1]  # warned once
@@ -136,7 +137,7 @@ def test_a_failing_hint_is_logged_and_the_next_hint_still_advises(
 
     monkeypatch.setattr(Readahead, "advise", flaky_advise)
     with (
-        caplog.at_level(logging.DEBUG, logger="fastdata.cache._readahead"),
+        caplog.at_level(logging.DEBUG, logger="fastdata.cache.lmdb._readahead"),
         LmdbTier(config_in(root, page_readahead="always")) as tier,
     ):
         tier.hint(KEYS[:6])
@@ -211,7 +212,7 @@ def test_environment_released_with_a_lease_open_closes_with_that_lease(
     lease = tier.get_many(KEYS, FINGERPRINTS)
     handle = tier._get_handle()
     assert handle is not None
-    with caplog.at_level(logging.WARNING, logger="fastdata.cache._lmdb_env"):
+    with caplog.at_level(logging.WARNING, logger="fastdata.cache.lmdb._env"):
         tier.close()
     assert "closed when the last one closes" in caplog.text
     assert not handle.closed

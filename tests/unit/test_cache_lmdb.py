@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastdata.cache import LmdbTier, RamTier, ReadThroughCache, _lmdb_env, make_key
-from fastdata.cache._readahead import Readahead, is_resident, value_spans
+from fastdata.cache import LmdbTier, RamTier, ReadThroughCache, make_key
+from fastdata.cache.lmdb import _env as _lmdb_env
+from fastdata.cache.lmdb._readahead import Readahead, is_resident, value_spans
 from fastdata.config import CacheConfig
 from fastdata.errors import CacheError
 from tests.contracts.tier_contract import (

@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 
 from fastdata.cache import LmdbTier, make_key
-from fastdata.cache.lmdb_tier import NODE_COUNTERS
+from fastdata.cache.lmdb import NODE_COUNTERS
 from fastdata.config import CacheConfig
 from tests.contracts.tier_contract import DATASET, fingerprint, item
 

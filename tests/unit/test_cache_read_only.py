@@ -1,4 +1,4 @@
-"""Read-only and broken cache directories (NOTE[lmdb-read-only] in ``_lmdb_env.py``).
+"""Read-only and broken cache directories (NOTE[lmdb-read-only] in ``_env.py``).
 
 A warm cache on a read-only mount serves hits (LMDB opened read-only, without a lock
 file); a read-only or uncreatable directory without a cache falls through to the store
@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from fastdata.cache import LmdbTier, ReadThroughCache, _lmdb_env, default_tiers
+from fastdata.cache import LmdbTier, ReadThroughCache, default_tiers
+from fastdata.cache.lmdb import _env as _lmdb_env
 from fastdata.config import CacheConfig
 from fastdata.errors import CacheError
 from tests.contracts.tier_contract import FakeSource, item

@@ -6,10 +6,10 @@ import dataclasses
 import typing
 
 import fastdata
-from fastdata._loader_stats import CacheStatsDict, LatencyDict, StoreStatsDict
 from fastdata.cache import CacheStats
 from fastdata.cache.tier import LatencyHistogram, plain_dict
 from fastdata.loader import LoaderStats
+from fastdata.loader._stats import CacheStatsDict, LatencyDict, StoreStatsDict
 from fastdata.store import StoreStats
 
 

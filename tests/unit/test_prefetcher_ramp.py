@@ -121,7 +121,7 @@ def test_the_peeked_plan_keeps_the_prefetchers_error_note_and_closes_its_source(
     raised a planning error at once, without the note naming the batch being planned."""
     import pytest
 
-    from fastdata._sample_fetch import Peeked
+    from fastdata.dataset._fetch import Peeked
 
     closed: list[bool] = []
 

@@ -1,4 +1,4 @@
-"""The cache sources over an index share one base (``fastdata/_source_base.py``).
+"""The cache sources over an index share one base (``fastdata/index/_source_base.py``).
 
 ``IndexSource`` (samples) and ``BlockSource`` (token chunks) name their namespace alike
 and refuse, alike, a store that reads another server than the index was built from.
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import fastdata
-from fastdata._source_base import BoundSource
 from fastdata.errors import ConfigError
 from fastdata.index import IndexSource, namespace_name, open_index
+from fastdata.index._source_base import BoundSource
 from fastdata.store import Store
 from fastdata.tokens import BlockSource
 

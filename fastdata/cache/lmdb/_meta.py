@@ -20,8 +20,8 @@ from typing import Any
 
 import lmdb
 
-from fastdata.cache import _lmdb_env
-from fastdata.cache._lmdb_core import LmdbCore
+from fastdata.cache.lmdb import _env as _lmdb_env
+from fastdata.cache.lmdb._core import LmdbCore
 from fastdata.cache.tier import (
     DATASET_ID_BYTES,
     NODE_COUNTERS,
@@ -32,7 +32,7 @@ from fastdata.cache.tier import (
 
 __all__ = ["NODE_COUNTERS", "LmdbMeta"]
 
-_log = logging.getLogger("fastdata.cache.lmdb_tier")  # one logger for the tier's modules
+_log = logging.getLogger("fastdata.cache.lmdb")  # one logger for the tier's modules
 
 _DS_PREFIX = b"ds/"
 _NAME_PREFIX = b"name/"

@@ -17,7 +17,7 @@ Two ways to iterate:
   it shards across ``torch.distributed`` ranks and DataLoader workers by itself. Call
   :meth:`set_epoch` every epoch (as with ``DistributedSampler``) to reshuffle.
 
-NOTE[dataset-runtime] (in ``fastdata/_runtime.py``): each process opens its own
+NOTE[dataset-runtime] (in ``fastdata/dataset/_runtime.py``): each process opens its own
 ``DatasetRuntime`` (store, cache chain, buffer pool) on first use.
 
 NOTE[bad-samples]: an error raised while reading (``CorruptRecordError`` from a record or
@@ -34,7 +34,7 @@ raise.
 Why one module of this size: its one job is the ``Dataset`` API (construction and its
 checks, pickling, both ways to iterate, ``fetch_batch`` and the ``on_error`` policy it
 applies); its parts are already modules of their own: the runtime (``_runtime.py``),
-what a prefetch thread runs (``_sample_fetch.py``) and the batch types (``batch.py``).
+what a prefetch thread runs (``_fetch.py``) and the batch types (``_batch.py``).
 """
 
 from __future__ import annotations
@@ -52,9 +52,8 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata._fork import reset_in_forked_child, this_process
-from fastdata._runtime import DatasetRuntime
-from fastdata._sample_fetch import Peeked, grouped, make_fetch
-from fastdata.batch import (
+from fastdata.config import CacheConfig, FastdataConfig, check_int, parse_size
+from fastdata.dataset._batch import (
     ID_KEY,
     Batch,
     OnError,
@@ -64,7 +63,8 @@ from fastdata.batch import (
     check_on_error,
     split_batch,
 )
-from fastdata.config import CacheConfig, FastdataConfig, check_int, parse_size
+from fastdata.dataset._fetch import Peeked, grouped, make_fetch
+from fastdata.dataset._runtime import DatasetRuntime
 from fastdata.errors import ConfigError, CorruptRecordError
 from fastdata.index import SampleIndex
 from fastdata.plan import EpochOrder, EpochPlan, PlanConfig, ShuffleMode

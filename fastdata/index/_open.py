@@ -1,11 +1,11 @@
 """Opening a sample index: which saved version to trust, and when to build a new one.
 
 :func:`open_index` finds the saved versions of a spec (NOTE[cache-keys] in
-``fastdata/_index_keys.py``), then in ``validate`` mode (the default) lists the dataset
+``fastdata/index/_keys.py``), then in ``validate`` mode (the default) lists the dataset
 once and compares it with the saved ETags and sizes, so added, removed and overwritten
 objects are seen by the next open (reported by :class:`DatasetChangedWarning`, refused
 with ``strict=True``); in ``immutable`` mode it trusts a saved version with no store
-request at all. Builds run in ``fastdata/_index_build.py`` under the builders' lock, or
+request at all. Builds run in ``fastdata/index/_build.py`` under the builders' lock, or
 in a private temporary directory where the cache directory cannot be written.
 """
 
@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from fastdata._index_build import Selection, build, is_current, select
-from fastdata._index_keys import spec_key
-from fastdata._sample_index import SampleIndex
 from fastdata.config import default_cache_dir
 from fastdata.errors import CacheError, ConfigError, FastdataError, ObjectChangedError
+from fastdata.index._build import Selection, build, is_current, select
+from fastdata.index._keys import spec_key
+from fastdata.index._sample_index import SampleIndex
 from fastdata.layouts import make_layout
 from fastdata.layouts.table import SampleTable, TableVersions
 from fastdata.store import Store, normalize_url

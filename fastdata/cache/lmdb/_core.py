@@ -2,7 +2,7 @@
 
 :class:`LmdbCore` holds the state every part of the tier shares (each part sets its own
 in its ``_reset``, again in a forked child), opens the environment lazily
-(``_get_handle``; the environment itself is ``_lmdb_env.py``'s), and turns faults into
+(``_get_handle``; the environment itself is ``_env.py``'s), and turns faults into
 degraded modes instead of errors: a cache that cannot be opened or read falls through
 for ``degraded_retry_s`` (``_degrade``), a damaged one is moved aside (``_quarantined``),
 and a failed write pauses or turns off the directory's writes (``_write_fault``,
@@ -10,8 +10,8 @@ NOTE[lmdb-write-off]). The write-off state lives here rather than in the write p
 because reads write too: a read deletes the corrupt entries it finds, stamps the
 datasets it reads and saves the node counters.
 
-The jobs on top: ``_lmdb_meta.py`` (dataset registry, access stamps, node counters),
-``_lmdb_read.py`` (lookups, leases, readahead), ``_lmdb_write.py`` (admission, map
+The jobs on top: ``_meta.py`` (dataset registry, access stamps, node counters),
+``_read.py`` (lookups, leases, readahead), ``_write.py`` (admission, map
 growth, batched puts, deletes); ``lmdb_tier.py`` puts them together as ``LmdbTier``.
 """
 
@@ -28,15 +28,15 @@ from typing import Any, Literal
 import lmdb
 
 from fastdata._fork import reset_in_forked_child, this_process
-from fastdata.cache import _lmdb_env
-from fastdata.cache.lmdb_budget import map_budget_bytes
+from fastdata.cache.lmdb import _env as _lmdb_env
+from fastdata.cache.lmdb._budget import map_budget_bytes
 from fastdata.cache.tier import StatsRecorder
 from fastdata.config import CacheConfig
 from fastdata.errors import ConfigError
 
 __all__ = ["LmdbCore", "WriteState"]
 
-_log = logging.getLogger("fastdata.cache.lmdb_tier")  # one logger for the tier's modules
+_log = logging.getLogger("fastdata.cache.lmdb")  # one logger for the tier's modules
 
 _INODE_CHECK_S = 1.0
 #: What :meth:`LmdbTier.write_state` answers (NOTE[lmdb-write-off]).

@@ -32,7 +32,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Literal
 
 from fastdata._fork import PerProcess
-from fastdata.cache._lmdb_pages import PageWalker
+from fastdata.cache.lmdb._pages import PageWalker
 
 __all__ = ["Readahead", "is_resident", "iter_value_spans", "value_spans"]
 
@@ -89,7 +89,7 @@ def _major_faults() -> int:
 
 def _advise_part(handle: Any, keys: Sequence[bytes], skip_resident: bool) -> int:
     # Runs on a pool thread with its own read transaction; the caller holds the gate
-    # shared until every part is done (NOTE[lmdb-gate] in _lmdb_env.py). All spans first, then
+    # shared until every part is done (NOTE[lmdb-gate] in _env.py). All spans first, then
     # the advice: a cold leaf page is one small read, which would otherwise queue behind
     # the large reads the advice starts.
     with handle.env.begin(db=handle.records, buffers=True) as txn:

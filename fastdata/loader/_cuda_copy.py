@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from fastdata.batch import VarTensor
+from fastdata.dataset import VarTensor
 from fastdata.errors import ConfigError
 
 __all__ = ["check_device", "to_device"]

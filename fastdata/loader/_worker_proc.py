@@ -46,8 +46,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fastdata.cache import _lmdb_env
-from fastdata.store import _obstore
+from fastdata.cache.lmdb import handles_open
+from fastdata.store import obstore_runtime_started
 
 __all__ = [
     "PREFERRED_PRELOAD",
@@ -76,9 +76,9 @@ _exiting = threading.Event()
 
 def fork_hazard() -> str | None:
     """Why forking this process now is unsafe for a worker, or ``None`` when it is safe."""
-    if _obstore.runtime_started():
+    if obstore_runtime_started():
         return "obstore's runtime has run in this process"
-    if _lmdb_env.handles_open():
+    if handles_open():
         return "an LMDB environment is open in this process"
     foreign = [
         t.name

@@ -5,7 +5,7 @@ laid out as docs/record-format.md specifies. :func:`encode` writes one; :func:`d
 reads one as zero-copy views; :func:`collate` turns N records into one batch with one
 ``decode_batch`` and one ``gather`` per field, all payloads landing in slices of a single
 buffer from ``alloc``. The write side, :func:`encode`, is this module's part
-``_record_encode.py`` (re-exported here). These two are the only modules that import
+``_encode.py`` (re-exported here). These two are the only modules that import
 ``fastdata.io_native`` (its format constants as ``fmt.*``); the layers above get the
 aligned allocator from here, and ``DecodeError`` becomes
 :class:`~fastdata.errors.CorruptRecordError` here, once.
@@ -22,7 +22,6 @@ from typing import Any, Literal
 import numpy as np
 
 from fastdata import io_native as fmt
-from fastdata._record_encode import DTYPES, FieldValue, align, encode
 from fastdata.errors import ConfigError, CorruptRecordError
 from fastdata.io_native import (
     CodecUnavailableError,
@@ -31,6 +30,7 @@ from fastdata.io_native import (
     backend_module,
     pure_module,
 )
+from fastdata.record._encode import DTYPES, FieldValue, align, encode
 
 __all__ = [
     "FieldValue",

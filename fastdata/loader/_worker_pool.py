@@ -5,7 +5,7 @@ per loader (NOTE[worker-start]), tells the workers where each epoch starts
 (NOTE[loader-epochs]) and reads their counters back (NOTE[worker-stats]). Each worker
 runs :class:`WorkerInit` first (NOTE[worker-death]), then iterates its share of the
 rank's batches through its own prefetcher. How workers start, die and publish is
-``fastdata._workers``; this module is what ``fastdata.DataLoader`` builds from it.
+``fastdata.loader._worker_proc``; this module is what ``fastdata.DataLoader`` builds from it.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from fastdata import _workers
 from fastdata.dataset import Dataset, OnError, close_open_datasets
+from fastdata.loader import _worker_proc as _workers
 from fastdata.plan import PlanConfig
 
 __all__ = ["WorkerInit", "WorkerProcesses", "WorkerStream", "flatten", "process_stats"]

@@ -11,36 +11,41 @@ store request at all. A :class:`SampleIndex` answers the cache layer's questions
 
 This module is the public face; the work is done by private modules, one job each:
 
-- ``fastdata/_index_keys.py``: the saved index's key, the cache namespace, sample keys
+- ``fastdata/index/_keys.py``: the saved index's key, the cache namespace, sample keys
   and fingerprints (NOTE[cache-keys]: what identifies a saved table and a cached record);
-- ``fastdata/_sample_index.py``: :class:`SampleIndex` (an opened version) and
+- ``fastdata/index/_sample_index.py``: :class:`SampleIndex` (an opened version) and
   :class:`IndexSource` (it bound to a store: what the cache reads);
-- ``fastdata/_index_read.py``: fetch units (:func:`plan_units`) and sample reads;
-- ``fastdata/_index_build.py``: listing, building and saving a version (:func:`save_index`);
-- ``fastdata/_index_open.py``: :func:`open_index`, the ``validate`` / ``immutable``
+- ``fastdata/index/_read.py``: fetch units (:func:`plan_units`) and sample reads;
+- ``fastdata/index/_build.py``: listing, building and saving a version (:func:`save_index`);
+- ``fastdata/index/_open.py``: :func:`open_index`, the ``validate`` / ``immutable``
   modes and :class:`DatasetChangedWarning`.
 
 Saving is atomic and safe between processes: NOTE[index-publish] in
-``fastdata/layouts/table.py``.
+``fastdata/layouts/table.py``. Seams for ``fastdata.tokens``, whose block index is a
+second cache source over the same objects: :class:`BoundSource` (what every source over
+an index shares) and :func:`mix` (the key hash of NOTE[cache-keys]).
 """
 
 from __future__ import annotations
 
-from fastdata._index_build import save_index
-from fastdata._index_keys import namespace_id, namespace_name
-from fastdata._index_open import Consistency as Consistency
-from fastdata._index_open import DatasetChangedWarning, open_index
-from fastdata._index_read import MAX_UNIT_BYTES as MAX_UNIT_BYTES
-from fastdata._index_read import MERGE_GAP_BYTES as MERGE_GAP_BYTES
-from fastdata._index_read import plan_units
-from fastdata._sample_index import IndexSource, SampleIndex
+from fastdata.index._build import save_index
+from fastdata.index._keys import mix, namespace_id, namespace_name
+from fastdata.index._open import Consistency as Consistency
+from fastdata.index._open import DatasetChangedWarning, open_index
+from fastdata.index._read import MAX_UNIT_BYTES as MAX_UNIT_BYTES
+from fastdata.index._read import MERGE_GAP_BYTES as MERGE_GAP_BYTES
+from fastdata.index._read import plan_units
+from fastdata.index._sample_index import IndexSource, SampleIndex
+from fastdata.index._source_base import BoundSource
 from fastdata.store import normalize_url
 
 __all__ = [
+    "BoundSource",
     "DatasetChangedWarning",
     "IndexSource",
     "SampleIndex",
     "normalize_url",
+    "mix",
     "namespace_id",
     "namespace_name",
     "open_index",

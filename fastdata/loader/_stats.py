@@ -1,10 +1,10 @@
 """What ``DataLoader.stats()`` returns: :class:`LoaderStats` and the typed dicts in it.
 
 ``LoaderStats.cache`` and ``LoaderStats.store`` stay plain dicts at run time (JSON-ready,
-added up across worker processes by ``fastdata._workers.merge_stats``, indexed as
+added up across worker processes by ``fastdata.loader._worker_proc.merge_stats``, indexed as
 ``stats.cache["source_samples"]``); :class:`CacheStatsDict` and :class:`StoreStatsDict`
 say which keys they hold. Their keys are the fields of ``fastdata.cache.CacheStats`` and
-``fastdata.store.StoreStats`` (tests/unit/test_loader_stats.py keeps them equal).
+``fastdata.store.StoreStats`` (tests/unit/test_stats.py keeps them equal).
 """
 
 from __future__ import annotations

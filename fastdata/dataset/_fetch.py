@@ -1,6 +1,6 @@
 """What a prefetch thread runs for one planned batch: per-sample ``transform`` and
 ``collate_fn`` over ``Dataset.fetch_batch``, with the bad-sample policy
-(NOTE[bad-samples] in ``fastdata/dataset.py``), and the grouping of planned batches.
+(NOTE[bad-samples] in ``fastdata/dataset/_dataset.py``), and the grouping of planned batches.
 
 :func:`make_fetch` builds the function ``Dataset.prefetch`` hands its prefetcher; it
 knows the dataset only through the callables it is given, so it imports no dataset.
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastdata.batch import ID_KEY, Batch, OnError, SkippedBatch, split_batch
+from fastdata.dataset._batch import ID_KEY, Batch, OnError, SkippedBatch, split_batch
 
 __all__ = ["grouped", "make_fetch"]
 

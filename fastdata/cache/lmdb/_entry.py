@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fastdata import record
-from fastdata.cache.lmdb_budget import HEADER_BYTES
+from fastdata.cache.lmdb._budget import HEADER_BYTES
 
 __all__ = ["HEADER", "HEADER_BYTES", "MAGIC", "all_current", "entry_header", "entry_ok"]
 

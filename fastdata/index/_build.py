@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from fastdata._index_keys import namespace_id, source_fingerprint, spec_key
-from fastdata._sample_index import SampleIndex
 from fastdata.config import default_cache_dir
 from fastdata.errors import ConfigError
+from fastdata.index._keys import namespace_id, source_fingerprint, spec_key
+from fastdata.index._sample_index import SampleIndex
 from fastdata.layouts import ROW_DTYPE, Layout, detect_layout, make_layout, refuse_compressed
 from fastdata.layouts.base import BuildResult, CompanionLayout, ObjectScan
 from fastdata.layouts.table import SampleTable, TableVersions

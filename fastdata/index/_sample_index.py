@@ -2,8 +2,8 @@
 
 A :class:`SampleIndex` maps one saved table version (``fastdata.layouts.table``) and
 answers per-sample questions batch by batch with numpy: ids, places, cache keys and
-fingerprints (NOTE[cache-keys] in ``fastdata/_index_keys.py``), field kinds, read units;
-its reads run in ``fastdata/_index_read.py``. ``fastdata.index`` opens and builds it and
+fingerprints (NOTE[cache-keys] in ``fastdata/index/_keys.py``), field kinds, read units;
+its reads run in ``fastdata/index/_read.py``. ``fastdata.index`` opens and builds it and
 re-exports both classes.
 """
 
@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from fastdata._index_keys import key_words, mix
-from fastdata._index_read import UnitReader
-from fastdata._source_base import BoundSource
 from fastdata.errors import ConfigError, CorruptRecordError
+from fastdata.index._keys import key_words, mix
+from fastdata.index._read import UnitReader
+from fastdata.index._source_base import BoundSource
 from fastdata.layouts import Layout, Sample, make_layout
 from fastdata.layouts.ranges import SharedRanges
 from fastdata.layouts.table import SampleTable

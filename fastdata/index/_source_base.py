@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Generic, Protocol, Self, TypeVar
 
-from fastdata._index_keys import namespace_name
 from fastdata.errors import ConfigError
+from fastdata.index._keys import namespace_name
 from fastdata.store import Store
 
 __all__ = ["BoundSource", "Namespaced"]

@@ -3,9 +3,9 @@
 ``put_many`` cuts the items into write transactions of at most ``write_txn_bytes``;
 each one is admitted by the pure policy (``policy.choose_admitted``) against the room
 the cost model leaves (``lmdb_budget``, NOTE[lmdb-budget]), grows the map toward the
-budget when it must (NOTE[lmdb-gate] in ``_lmdb_env.py``), and evicts idle datasets when a
+budget when it must (NOTE[lmdb-gate] in ``_env.py``), and evicts idle datasets when a
 write is rejected (``policy.idle_victims``). A failed write pauses or turns off writes
-(NOTE[lmdb-write-off] in ``_lmdb_core.py``).
+(NOTE[lmdb-write-off] in ``_core.py``).
 """
 
 from __future__ import annotations
@@ -18,18 +18,18 @@ from typing import Any
 
 import lmdb
 
-from fastdata.cache import _lmdb_env
-from fastdata.cache._lmdb_core import WriteState
-from fastdata.cache._lmdb_entry import entry_header
-from fastdata.cache._lmdb_meta import LmdbMeta
-from fastdata.cache.lmdb_budget import HEADER_BYTES, reserve_bytes, value_cost
+from fastdata.cache.lmdb import _env as _lmdb_env
+from fastdata.cache.lmdb._budget import HEADER_BYTES, reserve_bytes, value_cost
+from fastdata.cache.lmdb._core import WriteState
+from fastdata.cache.lmdb._entry import entry_header
+from fastdata.cache.lmdb._meta import LmdbMeta
 from fastdata.cache.policy import DatasetUsage, choose_admitted, idle_victims
 from fastdata.cache.tier import DATASET_ID_BYTES, CacheItem, check_dataset_id, check_items
 from fastdata.errors import CacheError
 
 __all__ = ["LmdbWrites", "pages_in_use"]
 
-_log = logging.getLogger("fastdata.cache.lmdb_tier")  # one logger for the tier's modules
+_log = logging.getLogger("fastdata.cache.lmdb")  # one logger for the tier's modules
 
 _DELETE_BATCH = 20_000
 _FULL_RETRY_S = 300.0

@@ -1,4 +1,4 @@
-"""The loader's checkpoints (NOTE[loader-resume] in ``fastdata/loader.py``): what
+"""The loader's checkpoints (NOTE[loader-resume] in ``fastdata/loader/_loader.py``): what
 ``DataLoader.state_dict()`` writes and how ``load_state_dict()`` checks it.
 
 A state is plain values (safe for ``torch.save`` and JSON): the plan position

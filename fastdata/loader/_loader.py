@@ -25,8 +25,8 @@ shared memory written before torch asks them for it (docs/loader.md).
 
 Why one module of this size: its one job is the ``DataLoader`` API (torch's signature
 and its checks, epochs, resume, stats), whose methods share one epoch state; its parts
-are already modules of their own: worker processes (``_loader_workers.py``),
-checkpoints (``_loader_state.py``), stats (``_loader_stats.py``) and the copy to a CUDA
+are already modules of their own: worker processes (``_worker_pool.py``),
+checkpoints (``_state.py``), stats (``_stats.py``) and the copy to a CUDA
 device (``_cuda_copy.py``).
 """
 
@@ -41,12 +41,6 @@ from typing import Any, cast
 
 import torch
 
-from fastdata import _workers
-from fastdata._cuda_copy import check_device, to_device
-from fastdata._loader_state import check_state, dump_state
-from fastdata._loader_stats import CacheStatsDict, LoaderStats, StoreStatsDict
-from fastdata._loader_workers import WorkerProcesses, flatten
-from fastdata._rank_steps import RankSteps, RankStepsWarning, dataset_tag
 from fastdata.config import check_int
 from fastdata.dataset import (
     Dataset,
@@ -56,6 +50,12 @@ from fastdata.dataset import (
     distributed_world,
 )
 from fastdata.errors import ConfigError
+from fastdata.loader import _worker_proc as _workers
+from fastdata.loader._cuda_copy import check_device, to_device
+from fastdata.loader._rank_steps import RankSteps, RankStepsWarning, dataset_tag
+from fastdata.loader._state import check_state, dump_state
+from fastdata.loader._stats import CacheStatsDict, LoaderStats, StoreStatsDict
+from fastdata.loader._worker_pool import WorkerProcesses, flatten
 from fastdata.plan import EpochPlan, PlanState
 from fastdata.prefetch.meter import WaitMeter
 
@@ -553,7 +553,7 @@ def _batch_len(batch: Any) -> int:
 def _serve_metrics(loader: DataLoader, port: int) -> Any:
     check_int("metrics_port", port, 0, 65535, hint=" (a TCP port)")
     try:
-        from fastdata._metrics import serve_loader_metrics
+        from fastdata.loader._metrics import serve_loader_metrics
     except ImportError as exc:
         raise ConfigError(
             "metrics_port needs prometheus-client: pip install 'fastdata[metrics]'"

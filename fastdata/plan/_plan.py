@@ -8,7 +8,7 @@ coordination service is needed. ``docs/plan.md`` describes the rules with a work
 * :class:`EpochOrder` is the canonical global order of one epoch. It is a keyed
   permutation evaluated position by position (:meth:`EpochOrder.ids_at`), so a rank
   computes only the positions it reads, never an array of every sample. It and
-  :class:`PlanConfig` live in the part ``_epoch_order.py`` and are re-exported here.
+  :class:`PlanConfig` live in the part ``_order.py`` and are re-exported here.
 * :class:`EpochPlan` cuts that order into global steps of ``world_size * batch_size``
   samples starting at a cursor; rank ``r`` reads slice ``r`` of each step, and its batch
   ``j`` goes to worker ``j % num_workers``.
@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from fastdata._epoch_order import (
+from fastdata.errors import ConfigError
+from fastdata.plan._order import (
     MAX_SAMPLES,
     MAX_SEED,
     ORDER_VERSION,
@@ -33,7 +34,6 @@ from fastdata._epoch_order import (
     ShuffleMode,
     _check_int,
 )
-from fastdata.errors import ConfigError
 
 __all__ = [
     "MAX_SAMPLES",

@@ -1,9 +1,9 @@
 """LMDB environment handles: one per cache directory per process, opened lazily.
 
 This module is the only place that opens, resizes, quarantines or closes an LMDB
-environment. :class:`~fastdata.cache.lmdb_tier.LmdbTier` borrows a handle from the
+environment. :class:`~fastdata.cache.lmdb._tier.LmdbTier` borrows a handle from the
 per-process registry (:func:`acquire`) and gives it back (:func:`release`). The data
-file's own check before it is mapped is ``_lmdb_file.py``'s (NOTE[lmdb-meta]).
+file's own check before it is mapped is ``_file.py``'s (NOTE[lmdb-meta]).
 
 Why one module of this size: its one job is the lifetime of an environment in a
 process, and its rules hold only together. The gate (NOTE[lmdb-gate]) is what lets the
@@ -82,7 +82,7 @@ from pathlib import Path
 import lmdb
 
 from fastdata._fork import at_fork, this_process
-from fastdata.cache._lmdb_file import CHECKABLE, DamagedFile, check_data_file
+from fastdata.cache.lmdb._file import CHECKABLE, DamagedFile, check_data_file
 from fastdata.errors import CacheError
 
 __all__ = [

@@ -1,7 +1,7 @@
 """The LMDB tier's read path: lookups, leases over the map, and readahead.
 
 Reads hand out memoryviews into the map; the lease keeps the read transaction (and the
-gate, NOTE[lmdb-gate] in ``_lmdb_env.py``) until ``close()``. Faults never reach the caller:
+gate, NOTE[lmdb-gate] in ``_env.py``) until ``close()``. Faults never reach the caller:
 the tier counts them, warns once, and falls through to the next tier; a read that fails
 in any way ends its transaction and its hold on the gate before it falls through.
 """
@@ -18,16 +18,16 @@ import lmdb
 
 from fastdata import record
 from fastdata._fork import this_process
-from fastdata.cache import _lmdb_env
-from fastdata.cache._lmdb_entry import HEADER, MAGIC, all_current, entry_ok
-from fastdata.cache._lmdb_meta import LmdbMeta
-from fastdata.cache._readahead import Readahead, value_spans
-from fastdata.cache.lmdb_budget import HEADER_BYTES
+from fastdata.cache.lmdb import _env as _lmdb_env
+from fastdata.cache.lmdb._budget import HEADER_BYTES
+from fastdata.cache.lmdb._entry import HEADER, MAGIC, all_current, entry_ok
+from fastdata.cache.lmdb._meta import LmdbMeta
+from fastdata.cache.lmdb._readahead import Readahead, value_spans
 from fastdata.cache.tier import DATASET_ID_BYTES, Lease, check_keys
 
 __all__ = ["LmdbReads"]
 
-_log = logging.getLogger("fastdata.cache.lmdb_tier")  # one logger for the tier's modules
+_log = logging.getLogger("fastdata.cache.lmdb")  # one logger for the tier's modules
 
 #: Batches with at least this many record bytes are verified on the pool threads.
 _PARALLEL_VERIFY_BYTES = 8 * 1024**2

@@ -1,0 +1,61 @@
+"""The node-local LMDB tier: one environment per cache directory, shared by every
+process on the node, bounded, crash- and fork-safe (docs/cache.md).
+
+:class:`LmdbTier` is put together from parts, one job each:
+
+- ``_env.py``: the environment: open, gate, resize, fork, close, quarantine
+  (NOTE[lmdb-gate], NOTE[lmdb-fork], NOTE[lmdb-close], NOTE[lmdb-crash]);
+- ``_core.py``: the tier's shared state, degradation and writes off
+  (NOTE[lmdb-write-off]);
+- ``_meta.py``: the dataset registry, access stamps, node counters
+  (NOTE[lmdb-node-counters]);
+- ``_read.py`` / ``_write.py``: the read path (leases over the map) and the write path
+  (admission, map growth, batched puts, idle eviction);
+- ``_entry.py``: the 48-byte header in front of each record;
+- ``_file.py``: the data file's meta-page check before it is mapped (NOTE[lmdb-meta]);
+- ``_pages.py``, ``_readahead.py``: where values lie in ``data.mdb``; batch readahead
+  (NOTE[lmdb-readahead]);
+- ``_budget.py``: the pure cost model (NOTE[lmdb-budget]) that warm, doctor and bench ask.
+
+``handles_open()`` says whether this process has an environment open (the loader's worker
+start asks it: NOTE[lmdb-fork]).
+"""
+
+from __future__ import annotations
+
+from fastdata.cache.lmdb._budget import (
+    HEADER_BYTES,
+    PAGE_BYTES,
+    RECORD_OVERHEAD_BYTES,
+    WRITE_BATCH_BYTES,
+    entry_costs,
+    fit_budget,
+    lock_file_bytes,
+    map_budget_bytes,
+    record_costs,
+    reserve_bytes,
+    room_bytes,
+    value_cost,
+)
+from fastdata.cache.lmdb._env import handles_open
+from fastdata.cache.lmdb._tier import NODE_COUNTERS, LmdbTier, WriteState, entry_header
+
+__all__ = [
+    "HEADER_BYTES",
+    "NODE_COUNTERS",
+    "PAGE_BYTES",
+    "RECORD_OVERHEAD_BYTES",
+    "WRITE_BATCH_BYTES",
+    "LmdbTier",
+    "WriteState",
+    "entry_costs",
+    "entry_header",
+    "fit_budget",
+    "handles_open",
+    "lock_file_bytes",
+    "map_budget_bytes",
+    "record_costs",
+    "reserve_bytes",
+    "room_bytes",
+    "value_cost",
+]

@@ -1,0 +1,28 @@
+"""The epoch plan: which sample ids each rank and worker reads, in which order.
+
+Pure functions of their arguments: no torch, no I/O, no clock, no global state
+(docs/plan.md). The work is done by two private modules:
+
+- ``_order.py``: :class:`EpochOrder`, the canonical global order of one epoch (a keyed
+  permutation evaluated position by position), :class:`PlanConfig` and the walks
+  (NOTE[row-group-walk], NOTE[first-window]);
+- ``_plan.py``: :class:`EpochPlan` (the order cut into global steps, each rank's slice,
+  each worker's batches) and :class:`PlanState`, what a checkpoint stores.
+"""
+
+from __future__ import annotations
+
+from fastdata.plan._order import MAX_SAMPLES, MAX_SEED, ORDER_VERSION, EpochOrder, PlanConfig
+from fastdata.plan._order import ShuffleMode as ShuffleMode
+from fastdata.plan._plan import EpochPlan, PlanState
+
+__all__ = [
+    "MAX_SAMPLES",
+    "MAX_SEED",
+    "ORDER_VERSION",
+    "EpochOrder",
+    "EpochPlan",
+    "PlanConfig",
+    "PlanState",
+    "ShuffleMode",
+]
