@@ -20,8 +20,7 @@ from decode_bench import add_smoke_flags, write_settings_json  # a sibling scrip
 from fastdata.index import SampleIndex, save_index
 from fastdata.layouts import ROW_DTYPE
 from fastdata.layouts.ranges import CHUNK_BYTES
-from fastdata.plan import EpochOrder, PlanConfig
-from fastdata.spec import WALK_CHUNKS, epoch_order
+from fastdata.plan import WALK_CHUNKS, EpochOrder, PlanConfig, epoch_order
 from fastdata.store import ObjectInfo
 
 SHARD_BYTES = 64 * 1024**2  # fastdata pack's shards

@@ -29,7 +29,7 @@ import numpy as np
 from fastdata import record
 from fastdata.config import check_int, is_int
 from fastdata.errors import ConfigError, CorruptRecordError, ObjectNotFoundError
-from fastdata.index import SampleIndex, normalize_url
+from fastdata.index import SampleIndex, normalize_url, open_index
 from fastdata.layouts import PACKED_EXTENSION, RawRecord, ShardBuilder
 from fastdata.layouts.packed import MANIFEST_NAME, scan_shards
 from fastdata.spec import DatasetSpec
@@ -287,7 +287,7 @@ def pack(
         layout_options=layout_options,
     )
     src_store = spec.store()
-    index = spec.open(src_store, cache_dir)
+    index = open_index(spec, store=src_store, cache_dir=cache_dir)
     dst_store = Store(dst, storage_options=dst_storage_options or storage_options)
     packer = _Packer(index, src_store, dst_store)
     packer.compress, packer.progress = compress, progress

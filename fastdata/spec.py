@@ -1,30 +1,29 @@
 """What a dataset *is*: one specification that every entry point builds and opens alike.
 
-``fastdata.Dataset``, ``fastdata warm``, ``doctor``, ``stats``, ``clear``, ``pack`` and
-``bench`` all describe a dataset with a :class:`DatasetSpec` and open it with
-:meth:`DatasetSpec.open`; the epoch order they follow is :func:`epoch_order`. So no two
-entry points can disagree about which saved index, which cache keys (NOTE[cache-keys] in
-``fastdata/index.py``) or which order a dataset has.
+``fastdata.Dataset``, ``TokenDataset``, ``fastdata warm``, ``doctor``, ``stats``, ``clear``,
+``pack`` and ``bench`` all describe a dataset with a :class:`DatasetSpec`, built once where
+the user's arguments come in, validated here and nowhere else, and passed (not re-parsed)
+down the flow: ``fastdata.index.open_index(spec, ...)`` opens its sample index, and
+:meth:`DatasetSpec.store` is the one way a process opens the dataset's store. The epoch
+order they follow is ``fastdata.plan.epoch_order``. So no two entry points can disagree
+about which saved index, which cache keys (NOTE[cache-keys] in
+``fastdata/index/_keys.py``) or which order a dataset has.
+
+The spec sits just above the store: it imports nothing of the index, the plan or the
+layouts, and every layer above takes it.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fastdata.config import StoreConfig
 from fastdata.errors import ConfigError
-from fastdata.index import SampleIndex, normalize_url, open_index
-from fastdata.plan import EpochOrder, PlanConfig
-from fastdata.store import Store
+from fastdata.store import Store, normalize_url
 
-__all__ = ["WALK_CHUNKS", "WALK_WINDOW_BYTES", "Consistency", "DatasetSpec", "epoch_order"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["Consistency", "DatasetSpec"]
 
 Consistency = Literal["validate", "immutable"]
 _CONSISTENCY = ("validate", "immutable")
@@ -88,33 +87,6 @@ class DatasetSpec:
         """A store rooted at the dataset URL with the spec's storage options."""
         return Store(self.url, storage_options=dict(self.storage_options), config=config)
 
-    def open(
-        self, store: Store | None = None, cache_dir: str | os.PathLike[str] | Path | None = None
-    ) -> SampleIndex:
-        """Open (or build and save) the dataset's sample index.
-
-        Args:
-            store: A store from :meth:`store` (``None`` opens one with default settings).
-            cache_dir: The node cache directory (indexes live under ``index/``).
-
-        Raises:
-            ConfigError: A bad option, or nothing to read at the URL.
-            StoreError: The store could not be listed or scanned.
-            CacheError: The index cannot be saved under ``cache_dir`` (no space).
-        """
-        return open_index(
-            self.url,
-            layout=self.layout,
-            pattern=self.pattern,
-            fields=list(self.fields) if self.fields is not None else None,
-            storage_options=dict(self.storage_options),
-            store=store if store is not None else self.store(),
-            cache_dir=cache_dir,
-            consistency=self.consistency,
-            strict=self.strict,
-            **dict(self.layout_options),
-        )
-
     def summary(self) -> str:
         """A short description for logs, ``fastdata stats`` and error messages."""
         parts = [self.url]
@@ -126,58 +98,3 @@ class DatasetSpec:
             parts.append(f"fields={','.join(self.fields)}")
         parts.extend(f"{k}={v}" for k, v in sorted(self.layout_options.items()))
         return " ".join(parts)
-
-
-WALK_WINDOW_BYTES = 512 * 1024**2
-"""With ``shuffle="auto"`` over row groups, the window holds about this many bytes at
-most (``window_samples`` is lowered to fit), so that the rows kept while a window is read
-(NOTE[shared-ranges]) fit the index's budget of ``SHARED_RANGE_BYTES``."""
-WALK_CHUNKS = 16
-"""With ``shuffle="auto"`` over the fetch chunks of packed and tar shards
-(NOTE[shard-chunks]), the window holds about this many chunks' bytes at most (128 MiB of
-8 MiB chunks): a batch mixes samples of about this many places of the dataset, and the
-first batch of a cold epoch waits for about this many chunks (docs/plan.md, "Chunk walk")."""
-
-_warned_global: set[str] = set()
-
-
-def epoch_order(index: SampleIndex, config: PlanConfig, epoch: int) -> EpochOrder:
-    """The canonical global order of ``epoch``: the same on every rank, worker and tool.
-
-    NOTE[row-group-walk]: where rows share fetch ranges (Parquet row groups, and the
-    fetch chunks of packed and tar shards, NOTE[shard-chunks]), the shards of
-    ``shuffle="shard_window"`` and of ``"auto"`` (the default of ``fastdata.Dataset``) are
-    those ranges, not the files: ranges in a shuffled order, samples shuffled within
-    windows of ``window_samples`` (for ``auto`` at most ``WALK_WINDOW_BYTES`` of data, and
-    over chunks at most ``WALK_CHUNKS`` chunks' bytes). A cold epoch then fetches each
-    range once (docs/plan.md, "Row-group walk", "Chunk walk"). Everything here is a
-    function of the saved index (never of what is cached), so every rank agrees.
-    """
-    shard_sizes = None
-    if config.shuffle == "shard_window":
-        shard_sizes = index.unit_sizes()
-    elif config.shuffle == "auto" and index.shares_ranges:
-        shard_sizes = index.unit_sizes()
-        window_bytes = WALK_WINDOW_BYTES
-        chunk_bytes = int(getattr(index, "chunk_bytes", 0) or 0)
-        if chunk_bytes:
-            window_bytes = min(window_bytes, WALK_CHUNKS * chunk_bytes)
-        fits = max(1, window_bytes // max(1, index.mean_sample_bytes()))
-        if fits < config.window_samples:
-            config = replace(config, window_samples=fits)
-    elif (
-        config.shuffle == "global"
-        and index.shares_ranges
-        and not getattr(index, "chunk_bytes", 0)
-        and index.url not in _warned_global
-    ):
-        _warned_global.add(index.url)
-        logger.warning(
-            "%s: shuffle='global' over Parquet row groups: while the cache is cold, nearly "
-            "every batch needs its own row groups, so an epoch larger than the rows a "
-            "process keeps (1 GiB) fetches them many times over. Warm the cache first "
-            "(`fastdata warm`), or keep the default shuffle (True), which walks row groups "
-            "and fetches each once",
-            index.url,
-        )
-    return EpochOrder(len(index), config, epoch=epoch, shard_sizes=shard_sizes)

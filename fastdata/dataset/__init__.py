@@ -3,6 +3,10 @@ prefetcher, and the batch types it hands out.
 
 Its modules, one job each:
 
+- ``_base.py``: :class:`BaseDataset`, what ``Dataset`` and ``fastdata.TokenDataset`` (its
+  sibling) share: pickling as configuration, the per-process runtime and its fork reset,
+  the epoch plan, the ``on_error`` bookkeeping, single-sample iteration; the config merge
+  and shuffle-mode checks of both constructors (``merge_config``, ``shuffle_mode``);
 - ``_dataset.py``: :class:`Dataset` (construction and its checks, pickling, both ways to
   iterate, ``fetch_batch`` and the ``on_error`` policy; NOTE[bad-samples],
   NOTE[dataset-exit]);
@@ -16,6 +20,13 @@ Its modules, one job each:
 
 from __future__ import annotations
 
+from fastdata.dataset._base import (
+    BaseDataset,
+    close_open_datasets,
+    distributed_world,
+    merge_config,
+    shuffle_mode,
+)
 from fastdata.dataset._batch import (
     ID_KEY,
     Batch,
@@ -25,17 +36,25 @@ from fastdata.dataset._batch import (
     check_on_error,
     split_batch,
 )
-from fastdata.dataset._dataset import Dataset, close_open_datasets, distributed_world
+from fastdata.dataset._dataset import Dataset
+from fastdata.dataset._fetch import grouped
+from fastdata.dataset._runtime import DatasetRuntime, SourceIndex
 
 __all__ = [
     "ID_KEY",
+    "BaseDataset",
     "Batch",
     "Dataset",
+    "DatasetRuntime",
     "OnError",
     "SkippedBatch",
+    "SourceIndex",
     "VarTensor",
     "check_on_error",
     "close_open_datasets",
     "distributed_world",
+    "grouped",
+    "merge_config",
+    "shuffle_mode",
     "split_batch",
 ]

@@ -39,11 +39,8 @@ what a prefetch thread runs (``_fetch.py``) and the batch types (``_batch.py``).
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
-import threading
-import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
@@ -51,26 +48,24 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from fastdata._fork import reset_in_forked_child, this_process
-from fastdata.config import CacheConfig, FastdataConfig, check_int, parse_size
+from fastdata.config import FastdataConfig, check_int
+from fastdata.dataset._base import BaseDataset, merge_config, shuffle_mode
 from fastdata.dataset._batch import (
     ID_KEY,
     Batch,
     OnError,
     SkippedBatch,
-    VarTensor,
     _to_torch,
     check_on_error,
     split_batch,
 )
-from fastdata.dataset._fetch import Peeked, grouped, make_fetch
+from fastdata.dataset._fetch import Peeked, grouped
 from fastdata.dataset._runtime import DatasetRuntime
 from fastdata.errors import ConfigError, CorruptRecordError
-from fastdata.index import SampleIndex
-from fastdata.plan import EpochOrder, EpochPlan, PlanConfig, ShuffleMode
+from fastdata.index import SampleIndex, open_index
+from fastdata.plan import EpochOrder, EpochPlan, PlanConfig, ShuffleMode, epoch_order
 from fastdata.prefetch import Prefetcher
-from fastdata.spec import DatasetSpec, epoch_order
-from fastdata.store import normalize_url
+from fastdata.spec import DatasetSpec
 
 METADATA = frozenset({"__key__", "__member__"})
 """Names ``Dataset(metadata=...)`` accepts."""
@@ -78,22 +73,12 @@ METADATA = frozenset({"__key__", "__member__"})
 METADATA_LAYOUTS: dict[str, tuple[str, ...]] = {"__member__": ("tar",)}
 """The layouts that have a metadata name (a name not here: every layout)."""
 
-__all__ = [
-    "ID_KEY",
-    "Batch",
-    "Dataset",
-    "OnError",
-    "SkippedBatch",
-    "VarTensor",
-    "check_on_error",
-    "close_open_datasets",
-    "split_batch",
-]
+__all__ = ["METADATA", "Dataset"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("fastdata.dataset")
 
 
-class Dataset(IterableDataset[Any]):
+class Dataset(BaseDataset[DatasetRuntime]):
     """A dataset in object storage, read through the node cache by background threads.
 
     Args:
@@ -168,7 +153,7 @@ class Dataset(IterableDataset[Any]):
         on_error: OnError = "raise",
         metadata: Sequence[str] = (),
     ) -> None:
-        super().__init__()
+        IterableDataset.__init__(self)
         if transform is not None and not callable(transform):
             raise ConfigError(f"transform must be callable, got {transform!r}")
         if isinstance(metadata, str) or not all(m in METADATA for m in metadata):
@@ -180,7 +165,7 @@ class Dataset(IterableDataset[Any]):
             _check_metadata_layout(self.metadata, layout)
         self.on_error: OnError = check_on_error(on_error)
         self.spec = DatasetSpec(
-            normalize_url(url),
+            url,  # type: ignore[arg-type]  # a PathLike: the spec normalizes it
             layout=layout,
             pattern=pattern,
             fields=fields,
@@ -189,83 +174,29 @@ class Dataset(IterableDataset[Any]):
             strict=strict,
             layout_options=layout_options,  # type: ignore[arg-type]  # checked by the spec
         )
-        """What this dataset is (shared with ``fastdata warm`` and the other tools)."""
-        self.config = _merge_config(config, cache_dir, cache_bytes, ram_bytes)
-        self.shuffle: ShuffleMode = _shuffle_mode(shuffle)
+        self.config = merge_config(config, cache_dir, cache_bytes, ram_bytes)
+        self.shuffle = shuffle_mode(shuffle)
         self.plan_config = PlanConfig(
             batch_size=batch_size, seed=seed, shuffle=self.shuffle, window_samples=window_samples
         )
         self.fields = list(self.spec.fields) if self.spec.fields is not None else None
         self.transform = transform
-        self.storage_options = dict(self.spec.storage_options)
-        self.index: SampleIndex = self.spec.open(
-            self.spec.store(self.config.store), self.config.cache.resolved_dir()
+        self.index: SampleIndex = open_index(
+            self.spec,
+            store=self.spec.store(self.config.store),
+            cache_dir=self.config.cache.resolved_dir(),
         )
         _check_metadata_layout(self.metadata, self.index.layout.name)
         if "__member__" in self.metadata and len(self.index):
             self.index.member_names([0])  # the names are there (ConfigError: what to do)
-        self.field_kinds: dict[str, str] = self.index.field_kinds
+        self.field_kinds = self.index.field_kinds
         """NOTE[field-kinds]: each field's kind from the schema (``SampleIndex.field_kinds``)."""
-        self.epoch = 0
-        self._runtime: DatasetRuntime | None = None
-        self._reset()
-        reset_in_forked_child(self)
+        self._started()
 
-    # -- pickling and per-process handles (NOTE[dataset-runtime]) ----------------------
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        for name in ("_runtime", "_runtime_lock", "_prefetchers", "_skipped"):
-            state[name] = None
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._reset()
-        reset_in_forked_child(self)
-
-    def _reset(self) -> None:
-        """A new lock, no prefetchers and no skip counts: at construction, unpickling, and
-        in every forked child, where the parent's lock may have been held by one of its
-        threads at the fork and none of the parent's prefetchers run
-        (``reset_in_forked_child``, NOTE[fork])."""
-        self._runtime_lock = threading.Lock()
-        self._prefetchers: weakref.WeakSet[Prefetcher[np.ndarray, Any]] = weakref.WeakSet()
-        self._skipped: list[int] = []
-
-    def runtime(self) -> DatasetRuntime:
-        """This process's store, cache and pool, opened on first use."""
-        with self._runtime_lock:
-            runtime = self._runtime
-            if runtime is None or not this_process(runtime.pid):  # NOTE[fork]
-                runtime = self._runtime = DatasetRuntime(
-                    self.index,
-                    self.config,
-                    self.storage_options,
-                    in_worker=get_worker_info() is not None,
-                )
-                _OPEN.add(self)
-            return runtime
-
-    def current_runtime(self) -> DatasetRuntime | None:
-        """This process's runtime if it has opened one, else ``None`` (opens nothing)."""
-        runtime = self._runtime
-        return runtime if runtime is not None and this_process(runtime.pid) else None
-
-    def close(self) -> None:
-        """Stop this process's prefetchers and close its handles; the next use opens new ones.
-
-        Handles still open when the process exits are closed then (NOTE[dataset-exit]).
-        """
-        for prefetcher in list(self._prefetchers):
-            prefetcher.close()
-        with self._runtime_lock:
-            runtime, self._runtime = self._runtime, None
-        if runtime is not None and this_process(runtime.pid):
-            runtime.close()
-
-    def __enter__(self) -> Dataset:
-        return self
+    def _open_runtime(self) -> DatasetRuntime:
+        return DatasetRuntime(
+            self.spec, self.index, self.config, in_worker=get_worker_info() is not None
+        )
 
     def __getitem__(self, sample_id: int) -> Any:
         """One sample by id, read through the cache (the ``transform`` applied).
@@ -282,57 +213,16 @@ class Dataset(IterableDataset[Any]):
         sample = split_batch(self.fetch_batch(np.array([index], dtype=np.int64)))[0]
         return self.transform(sample) if self.transform is not None else sample
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # -- the plan ------------------------------------------------------------------------
-
-    def __len__(self) -> int:
-        return len(self.index)
 
     def __repr__(self) -> str:
         return (
             f"fastdata.Dataset({self.index.url!r}, samples={len(self)}, shuffle={self.shuffle!r})"
         )
 
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose order ``iter(dataset)`` follows (call it every epoch)."""
-        check_int("epoch", epoch, 0)
-        self.epoch = epoch
-
-    def plan_config_for(
-        self,
-        *,
-        batch_size: int,
-        drop_last: bool = False,
-        shuffle: bool | ShuffleMode | None = None,
-        seed: int | None = None,
-    ) -> PlanConfig:
-        """The dataset's plan settings with the loader's batch size and overrides."""
-        base = self.plan_config
-        return PlanConfig(
-            batch_size=batch_size,
-            seed=base.seed if seed is None else seed,
-            shuffle=base.shuffle if shuffle is None else _shuffle_mode(shuffle),
-            drop_last=drop_last,
-            window_samples=base.window_samples,
-        )
-
     def order(self, epoch: int, config: PlanConfig | None = None) -> EpochOrder:
         """The canonical global order of ``epoch`` (same on every rank and worker)."""
         return epoch_order(self.index, config or self.plan_config, epoch)
-
-    def plan(
-        self,
-        epoch: int,
-        config: PlanConfig | None = None,
-        *,
-        world_size: int = 1,
-        rank: int = 0,
-        cursor: int = 0,
-    ) -> EpochPlan:
-        """This rank's plan of ``epoch`` from ``cursor`` on: the one place plans are built."""
-        return EpochPlan(self.order(epoch, config), world_size=world_size, rank=rank, cursor=cursor)
 
     def shard_sizes(self) -> np.ndarray:
         """Samples per source object, in id order (the shards of ``shard_window``)."""
@@ -405,55 +295,9 @@ class Dataset(IterableDataset[Any]):
             where += f", a tar sample of {int(row['aux'])} member(s)"
         return where + ")"
 
-    def note_sample(self, exc: BaseException, sample_id: int, what: str) -> None:
-        """Add a note naming the sample to ``exc`` (its type is kept)."""
-        try:
-            place = self.where(sample_id)
-        except Exception:  # the note must never hide the error itself
-            place = f"sample {sample_id}"
-        exc.add_note(f"fastdata: raised while {what} {place}")
-
-    def _skip(self, sample_id: int, exc: BaseException) -> None:
-        with self._runtime_lock:
-            self._skipped.append(int(sample_id))
-        logger.warning(
-            "skipping %s (on_error='skip'): %s: %s",
-            self.where(sample_id),
-            type(exc).__name__,
-            exc,
-        )
-
-    @property
-    def skipped_samples(self) -> int:
-        """Samples this process left out under ``on_error="skip"`` (all epochs)."""
-        return len(self._skipped)
-
-    def skipped_ids(self) -> list[int]:
-        """The ids this process skipped, in the order they were skipped."""
-        with self._runtime_lock:
-            return list(self._skipped)
-
     def _variable(self) -> list[str]:
         """The array fields the schema calls variable-length (NOTE[field-kinds])."""
         return [name for name, kind in self.field_kinds.items() if kind == "var"]
-
-    def _make_fetch(
-        self,
-        collate_fn: Callable[[list[Any]], Any] | None,
-        *,
-        unbatch: bool,
-        on_error: OnError | None = None,
-    ) -> Callable[[np.ndarray], Any]:
-        policy = self.on_error if on_error is None else check_on_error(on_error)
-        return make_fetch(
-            lambda sample_ids: self.fetch_batch(sample_ids, on_error=policy),
-            transform=self.transform,
-            collate_fn=collate_fn,
-            unbatch=unbatch,
-            policy=policy,
-            note_sample=self.note_sample,
-            skip=self._skip,
-        )
 
     def prefetch(
         self,
@@ -509,83 +353,6 @@ class Dataset(IterableDataset[Any]):
             raise
         self._prefetchers.add(prefetcher)
         return prefetcher
-
-    def __iter__(self) -> Iterator[Any]:
-        """Single samples for a plain torch DataLoader: sharded across ranks and workers."""
-        world_size, rank = distributed_world()
-        info = get_worker_info()
-        worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        plan = self.plan(self.epoch, world_size=world_size, rank=rank)
-        with self.prefetch(
-            plan, worker_id=worker_id, num_workers=num_workers, unbatch=True
-        ) as sample_lists:
-            for samples in sample_lists:
-                yield from (s for s in samples if not isinstance(s, SkippedBatch))
-
-
-_OPEN: weakref.WeakSet[Dataset] = weakref.WeakSet()
-
-
-def close_open_datasets() -> None:
-    """Close every dataset whose handles this process opened (NOTE[dataset-exit]).
-
-    NOTE[dataset-exit]: a job that never calls ``close()`` still saves its LMDB node
-    counters (``fastdata stats``) and gives back its reader slots: this runs at
-    interpreter exit (``atexit``), and in DataLoader worker processes, which leave
-    without ``atexit``, from the loader's worker exit hooks (NOTE[worker-death]).
-    """
-    for dataset in list(_OPEN):
-        if dataset.current_runtime() is not None:
-            try:
-                dataset.close()
-            except Exception as exc:  # at exit: report and go on with the others
-                logger.warning("closing %r at exit failed: %s", dataset, exc)
-
-
-atexit.register(close_open_datasets)
-
-
-def distributed_world() -> tuple[int, int]:
-    """``(world_size, rank)`` from ``torch.distributed`` when initialised, else ``(1, 0)``."""
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank()
-    return 1, 0
-
-
-def _shuffle_mode(shuffle: bool | str) -> ShuffleMode:
-    if shuffle is True:
-        return "auto"
-    if shuffle is False:
-        return "none"
-    if shuffle in ("auto", "global", "shard_window", "none"):
-        # The test above makes it a ShuffleMode; `in` on a tuple does not narrow for mypy.
-        return shuffle  # type: ignore[return-value]
-    raise ConfigError(
-        f"shuffle must be True, False, 'auto', 'global', 'shard_window' or 'none', got {shuffle!r}"
-    )
-
-
-def _merge_config(
-    config: FastdataConfig | None,
-    cache_dir: str | os.PathLike[str] | None,
-    cache_bytes: int | str | None,
-    ram_bytes: int | str | None,
-) -> FastdataConfig:
-    if config is not None and not isinstance(config, FastdataConfig):
-        raise ConfigError(f"config must be a FastdataConfig, got {type(config).__name__}")
-    config = config or FastdataConfig.from_environ()
-    changes: dict[str, Any] = {}
-    if cache_dir is not None:
-        changes["dir"] = os.fspath(cache_dir)
-    if cache_bytes is not None:
-        changes["max_bytes"] = parse_size(cache_bytes)
-    if ram_bytes is not None:
-        changes["ram_bytes"] = parse_size(ram_bytes)
-    if not changes:
-        return config
-    fields = {**config.cache.__dict__, **changes}
-    return FastdataConfig(store=config.store, cache=CacheConfig(**fields), prefetch=config.prefetch)
 
 
 def _check_metadata_layout(metadata: Sequence[str], layout: str) -> None:

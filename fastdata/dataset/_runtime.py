@@ -11,25 +11,42 @@ read, without opening anything).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import Any
+from typing import Protocol
 
-from fastdata.cache import ReadThroughCache, default_tiers
+from fastdata.cache import ReadThroughCache, SampleSource, default_tiers
 from fastdata.config import FastdataConfig
-from fastdata.index import SampleIndex
 from fastdata.prefetch import BufferPool
+from fastdata.spec import DatasetSpec
 from fastdata.store import Store
 
-__all__ = ["DatasetRuntime"]
+__all__ = ["DatasetRuntime", "SourceIndex"]
+
+
+class SourceIndex(Protocol):
+    """What a dataset's runtime and its checkpoints need of its index: a ``SampleIndex``
+    (``fastdata.Dataset``) or a token ``BlockIndex`` (``fastdata.TokenDataset``)."""
+
+    url: str
+    """The dataset's canonical URL."""
+    dataset_id: bytes
+    """The cache namespace of its records (NOTE[cache-keys])."""
+    fingerprint: str
+    """A digest of the listed objects and the settings that shape the samples."""
+
+    def __len__(self) -> int: ...
+
+    def source(self, store: Store) -> SampleSource:
+        """The cache's source of this index's samples, reading through ``store``."""
+        ...
 
 
 class DatasetRuntime:
     """Live handles of one dataset in one process (NOTE[dataset-runtime]).
 
     Args:
-        index: The dataset's sample table.
+        spec: The dataset: its store is opened from the spec, as every entry point does.
+        index: What the cache reads: the dataset's sample table (or block index).
         config: The dataset's settings.
-        storage_options: Passed to the store.
         in_worker: Whether this is a DataLoader worker process: pinning pays off only in
             the process that feeds the accelerator; a worker's batches are copied into
             shared memory by torch anyway.
@@ -43,14 +60,14 @@ class DatasetRuntime:
 
     def __init__(
         self,
-        index: SampleIndex,
+        spec: DatasetSpec,
+        index: SourceIndex,
         config: FastdataConfig,
-        storage_options: Mapping[str, Any],
         *,
         in_worker: bool,
     ) -> None:
         self.pid = os.getpid()
-        self.store = Store(index.url, storage_options=dict(storage_options), config=config.store)
+        self.store = spec.store(config.store)
         self.cache = ReadThroughCache(
             default_tiers(config.cache), index.source(self.store), config=config.cache
         )

@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from fastdata.config import default_cache_dir
 from fastdata.errors import CacheError, ConfigError, FastdataError, ObjectChangedError
@@ -29,13 +29,12 @@ from fastdata.index._keys import spec_key
 from fastdata.index._sample_index import SampleIndex
 from fastdata.layouts import make_layout
 from fastdata.layouts.table import SampleTable, TableVersions
+from fastdata.spec import Consistency, DatasetSpec
 from fastdata.store import Store, normalize_url
 
 __all__ = ["Consistency", "DatasetChangedWarning", "open_index"]
 
 logger = logging.getLogger("fastdata.index")
-
-Consistency = Literal["immutable", "validate"]
 
 
 class DatasetChangedWarning(UserWarning):
@@ -107,14 +106,14 @@ def _report_changes(old: SampleIndex, new: Selection, strict: bool) -> None:
 
 
 def open_index(
-    url: str | os.PathLike[str],
+    spec: DatasetSpec | str | os.PathLike[str],
     *,
+    store: Store | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
     layout: str | None = None,
     pattern: str | None = None,
     fields: Sequence[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
-    store: Store | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
     consistency: Consistency = "validate",
     strict: bool = False,
     **layout_options: Any,
@@ -122,7 +121,13 @@ def open_index(
     """Open the sample index of a dataset, building and saving it the first time.
 
     Args:
-        url: The dataset's root (``s3://bucket/prefix``, ``file:///data``, a path).
+        spec: The dataset (:class:`~fastdata.spec.DatasetSpec`, what every entry point
+            builds once and passes down), or its root URL (``s3://bucket/prefix``,
+            ``file:///data``, a path), from which a spec is built with the keyword
+            arguments below, which are the spec's fields and are refused beside a spec.
+        store: An open store rooted at the dataset URL to use instead of a new one.
+        cache_dir: Where indexes live (under ``index/``); default
+            :func:`fastdata.config.default_cache_dir`.
         layout: ``files``, ``tar``, ``parquet`` or ``packed``; ``None`` detects it from
             the listing.
         pattern: Glob selecting objects below ``url`` (``**`` crosses folders); the
@@ -130,9 +135,6 @@ def open_index(
             ``**`` for files).
         fields: Tar extensions or Parquet columns to keep; ``None`` keeps all.
         storage_options: Passed to the store untouched (credentials, endpoint).
-        store: An open store rooted at ``url`` to use instead of a new one.
-        cache_dir: Where indexes live (under ``index/``); default
-            :func:`fastdata.config.default_cache_dir`.
         consistency: ``validate`` (the default) lists and compares sizes and ETags,
             rebuilding the index (only changed objects are scanned again) when they
             differ, so added, removed and overwritten objects are seen at once;
@@ -152,24 +154,57 @@ def open_index(
         CorruptRecordError: A shard is malformed (names the object and offset).
         StoreError: The store failed.
     """
-    url = normalize_url(url)
-    if consistency not in ("immutable", "validate"):
-        raise ConfigError(f"consistency must be 'immutable' or 'validate', got {consistency!r}")
-    if not isinstance(strict, bool):
-        raise ConfigError(f"strict must be True or False, got {strict!r}")
-    if pattern is not None and (not isinstance(pattern, str) or not pattern):
-        raise ConfigError(f"pattern must be a non-empty glob such as '**/*.jpg', got {pattern!r}")
-    if layout is not None:
-        make_layout(layout, fields=fields, **layout_options)
+    if isinstance(spec, DatasetSpec):
+        given = {
+            "layout": layout,
+            "pattern": pattern,
+            "fields": fields,
+            "storage_options": storage_options,
+            "strict": strict or None,
+            **layout_options,
+        }
+        passed = sorted(k for k, v in given.items() if v is not None)
+        if consistency != "validate":
+            passed.append("consistency")
+        if passed:
+            raise ConfigError(
+                f"open_index got a DatasetSpec and also {', '.join(passed)}: those are the "
+                "spec's fields; set them on the spec (dataclasses.replace) instead"
+            )
+    else:
+        spec = DatasetSpec(
+            spec,  # type: ignore[arg-type]  # a PathLike: DatasetSpec normalizes it
+            layout=layout,
+            pattern=pattern,
+            fields=fields,
+            storage_options=storage_options or {},
+            consistency=consistency,
+            strict=strict,
+            layout_options=layout_options,
+        )
+    url = spec.url
+    fields = list(spec.fields) if spec.fields is not None else None
+    if spec.layout is not None:
+        make_layout(spec.layout, fields=fields, **spec.layout_options)
     if store is None:
-        store = Store(url, storage_options=storage_options)
+        store = spec.store()
     elif normalize_url(store.url) != url:
         raise ConfigError(
             f"store is rooted at {store.url!r}, not at the dataset URL {url!r}; pass a store "
             "opened on the dataset URL, or none"
         )
     base = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    request = _Request(url, store, layout, pattern, fields, layout_options, storage_options)
+    request = _Request(
+        url,
+        store,
+        spec.layout,
+        spec.pattern,
+        fields,
+        spec.layout_options,
+        dict(spec.storage_options) or None,
+    )
+    strict = spec.strict
+    consistency = spec.consistency
     versions = TableVersions(base / "index" / request.key())
     try:
         if consistency == "immutable":

@@ -269,7 +269,7 @@ class SampleIndex:
     def unit_sizes(self) -> np.ndarray:
         """Samples per read unit in id order: per row group where rows share fetch ranges
         (Parquet), per fetch chunk of packed and tar shards (NOTE[shard-chunks]), else per
-        source object. The shards the epoch plan walks (``fastdata.spec.epoch_order``)."""
+        source object. The shards the epoch plan walks (``fastdata.plan.epoch_order``)."""
         if self._shared is None:
             return self.shard_sizes()
         return np.diff(np.append(self._reader.range_starts(), len(self)))

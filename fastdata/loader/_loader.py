@@ -43,7 +43,7 @@ import torch
 
 from fastdata.config import check_int
 from fastdata.dataset import (
-    Dataset,
+    BaseDataset,
     OnError,
     SkippedBatch,
     check_on_error,
@@ -144,7 +144,7 @@ class DataLoader:
         # The running epoch, weakly: a loop that breaks out drops the last reference and
         # garbage collection closes it, as with torch's DataLoader.
         self._active: weakref.ref[Generator[Any, None, None]] | None = None
-        if not isinstance(dataset, Dataset):
+        if not isinstance(dataset, BaseDataset):
             extras = {"device": device, "world_size": world_size, "rank": rank}
             extras["metrics_port"] = metrics_port
             extras["on_error"] = on_error
@@ -390,7 +390,7 @@ class DataLoader:
     def _reset_timing(self) -> None:
         self._skipped_whole = 0
         self._skipped_at_start = (
-            self.dataset.skipped_samples if isinstance(self.dataset, Dataset) else 0
+            self.dataset.skipped_samples if isinstance(self.dataset, BaseDataset) else 0
         )
         self._started_s = 0.0
         self._last_s = 0.0
@@ -497,7 +497,7 @@ class DataLoader:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server = None
-        if isinstance(self.dataset, Dataset):
+        if isinstance(self.dataset, BaseDataset):
             self.dataset.close()
 
     def __enter__(self) -> DataLoader:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from fastdata.dataset import Dataset
+from fastdata.dataset import BaseDataset
 from fastdata.errors import ConfigError
 from fastdata.plan import EpochPlan, PlanConfig, PlanState
 
@@ -21,7 +21,7 @@ STATE_VERSION = 1
 
 
 def dump_state(
-    plan_state: PlanState, dataset: Dataset, plan_config: PlanConfig, world_size: int
+    plan_state: PlanState, dataset: BaseDataset[Any], plan_config: PlanConfig, world_size: int
 ) -> dict[str, Any]:
     """The checkpoint of a loader standing at ``plan_state``."""
     return {
@@ -38,7 +38,7 @@ def dump_state(
 
 def check_state(
     state: Any,
-    dataset: Dataset,
+    dataset: BaseDataset[Any],
     plan_config: PlanConfig,
     *,
     world: tuple[int, int],

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from fastdata.dataset import Dataset, OnError, close_open_datasets
+from fastdata.dataset import BaseDataset, OnError, close_open_datasets
 from fastdata.loader import _worker_proc as _workers
 from fastdata.plan import PlanConfig
 
@@ -44,7 +44,7 @@ class WorkerStream(IterableDataset[Any]):
 
     def __init__(
         self,
-        dataset: Dataset,
+        dataset: BaseDataset[Any],
         plan_config: PlanConfig,
         *,
         position: Any,
@@ -89,7 +89,7 @@ class WorkerStream(IterableDataset[Any]):
             self.slots.publish(worker_id, lambda: process_stats(dataset), force=True)
 
 
-def process_stats(dataset: Dataset) -> dict[str, Any]:
+def process_stats(dataset: BaseDataset[Any]) -> dict[str, Any]:
     """This process's cache and store counters of ``dataset`` (empty before it opened)."""
     runtime = dataset.current_runtime()
     if runtime is None:

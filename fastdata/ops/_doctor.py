@@ -22,7 +22,7 @@ from fastdata.cache import LmdbTier
 from fastdata.cache.lmdb import record_costs, room_bytes
 from fastdata.config import FastdataConfig, check_int
 from fastdata.errors import ConfigError
-from fastdata.index import SampleIndex
+from fastdata.index import SampleIndex, open_index
 from fastdata.ops._advice import advise
 from fastdata.store import Store
 from fastdata.warm import DatasetSpec, NodePlan, access_order, source_bytes
@@ -284,7 +284,7 @@ def doctor(
     store_config = dataclasses.replace(config.store, max_concurrency=options.concurrency)
     with Store(spec.url, storage_options=dict(spec.storage_options), config=store_config) as store:
         started = time.perf_counter()
-        index = spec.open(store, cache_dir)
+        index = open_index(spec, store=store, cache_dir=cache_dir)
         index_s = time.perf_counter() - started
         measured = _measure_store(index, store, options)
     with LmdbTier(config.cache) as tier:

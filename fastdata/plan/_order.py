@@ -79,7 +79,7 @@ class PlanConfig:
     shuffled within windows of ``window_samples`` consecutive samples of that shard walk
     (for cold streaming of tar/Parquet shards); ``auto``: ``shard_window`` when the order
     is given shard sizes, else ``global`` (``fastdata.Dataset``'s ``shuffle=True``:
-    ``fastdata.spec.epoch_order`` gives the row groups of a Parquet source and the 8 MiB
+    ``fastdata.plan.epoch_order`` gives the row groups of a Parquet source and the 8 MiB
     fetch chunks of packed and tar shards as shards, nothing for other layouts);
     ``none``: sample id order."""
     drop_last: bool = False

@@ -14,26 +14,27 @@ import os
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from fastdata._fork import reset_in_forked_child, this_process
 from fastdata.config import FastdataConfig, parse_size
 from fastdata.dataset import (
     ID_KEY,
+    BaseDataset,
     Batch,
-    Dataset,
+    DatasetRuntime,
     OnError,
     SkippedBatch,
     check_on_error,
+    merge_config,
+    shuffle_mode,
 )
-from fastdata.dataset._dataset import _OPEN, _merge_config, _shuffle_mode
-from fastdata.dataset._fetch import grouped as _grouped
-from fastdata.dataset._runtime import DatasetRuntime
+from fastdata.dataset import grouped as _grouped
 from fastdata.errors import ConfigError, CorruptRecordError
+from fastdata.index import open_index
 from fastdata.plan import EpochOrder, EpochPlan, PlanConfig, ShuffleMode
 from fastdata.prefetch import Prefetcher, PrefetchStats
 from fastdata.spec import DatasetSpec
@@ -56,10 +57,7 @@ class _TokenRuntime(DatasetRuntime):
 
     def __init__(self, dataset: TokenDataset) -> None:
         super().__init__(
-            dataset.index,  # a BlockIndex: the same source protocol as a SampleIndex
-            dataset.config,
-            dataset.storage_options,
-            in_worker=get_worker_info() is not None,
+            dataset.spec, dataset.index, dataset.config, in_worker=get_worker_info() is not None
         )
         window = dataset.window_chunks + 1  # a window of positions spans one more chunk
         self.chunks = ChunkReader(
@@ -77,7 +75,7 @@ class _TokenRuntime(DatasetRuntime):
             super().close()
 
 
-class TokenDataset(Dataset):
+class TokenDataset(BaseDataset[_TokenRuntime]):
     """A token corpus as blocks of exactly ``block_size`` tokens (NOTE[token-blocks]).
 
     Iterate it with :class:`fastdata.DataLoader` (``drop_last=True`` for ``[B, T]`` at
@@ -184,14 +182,17 @@ class TokenDataset(Dataset):
             consistency=consistency,
             strict=strict,
         )
-        self.config = _merge_config(config, cache_dir, cache_bytes, ram_bytes)
-        self.shuffle = _shuffle_mode(shuffle)
+        self.config = merge_config(config, cache_dir, cache_bytes, ram_bytes)
+        self.shuffle = shuffle_mode(shuffle)
         self.fields = [TOKENS]
         self.transform = None
-        self.storage_options = dict(self.spec.storage_options)
         self.out_dtype = out_dtype
         self.window_chunks = window_chunks
-        base = self.spec.open(self.spec.store(self.config.store), self.config.cache.resolved_dir())
+        base = open_index(
+            self.spec,
+            store=self.spec.store(self.config.store),
+            cache_dir=self.config.cache.resolved_dir(),
+        )
         pieces: TokenPieces = (
             FlatPieces.of(base, flat_dtype(dtype))
             if column is None
@@ -209,7 +210,7 @@ class TokenDataset(Dataset):
             raise ConfigError(
                 f"{url} holds {blocks.total_tokens} tokens: not one block of {block_size}"
             )
-        self.index = blocks  # type: ignore[assignment]  # a SampleIndex in all but name
+        self.index: BlockIndex = blocks
         self.plan_config = PlanConfig(
             batch_size=batch_size,
             seed=seed,
@@ -217,15 +218,12 @@ class TokenDataset(Dataset):
             window_samples=window_chunks * blocks.chunk_blocks,
         )
         self.field_kinds = {TOKENS: "fixed"}
-        self.epoch = 0
-        self._runtime = None
-        self._reset()
-        reset_in_forked_child(self)
+        self._started()
 
     @property
     def blocks(self) -> BlockIndex:
         """The block table (``total_tokens``, ``dropped_tokens``, ``num_blocks``, chunks)."""
-        return self.index  # type: ignore[return-value]
+        return self.index
 
     def __repr__(self) -> str:
         b = self.blocks
@@ -238,14 +236,9 @@ class TokenDataset(Dataset):
         """Block ``sample_id`` and its tokens' place."""
         return self.blocks.describe(sample_id)
 
-    def runtime(self) -> _TokenRuntime:
-        """This process's store, cache, pool and chunk reader, opened on first use."""
-        with self._runtime_lock:
-            runtime = self._runtime
-            if runtime is None or not this_process(runtime.pid):  # NOTE[fork]
-                runtime = self._runtime = _TokenRuntime(self)
-                _OPEN.add(self)
-            return cast(_TokenRuntime, runtime)
+    def _open_runtime(self) -> _TokenRuntime:
+        """This process's store, cache, pool and chunk reader."""
+        return _TokenRuntime(self)
 
     def order(self, epoch: int, config: PlanConfig | None = None) -> EpochOrder:
         """The epoch's block order: the chunk walk for ``"auto"`` and ``"shard_window"``

@@ -19,8 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from fastdata.index import SampleIndex
-from fastdata.plan import EpochPlan
-from fastdata.spec import epoch_order
+from fastdata.plan import EpochPlan, epoch_order
 from fastdata.warm._types import NodePlan
 
 __all__ = ["access_order", "claim_units", "node_order", "source_bytes"]

@@ -13,7 +13,7 @@ from fastdata.cache import LmdbTier
 from fastdata.cache.lmdb import fit_budget, record_costs, room_bytes
 from fastdata.config import FastdataConfig
 from fastdata.errors import CacheError, ConfigError
-from fastdata.index import SampleIndex
+from fastdata.index import SampleIndex, open_index
 from fastdata.store import Store
 from fastdata.warm._claims import ClaimFile
 from fastdata.warm._fetch import Failure
@@ -175,7 +175,7 @@ def warm(
     store = Store(spec.url, storage_options=dict(spec.storage_options), config=store_config)
     with store, LmdbTier(config.cache) as tier:
         _check_usable(tier)
-        index = spec.open(store, tier.root)
+        index = open_index(spec, store=store, cache_dir=tier.root)
         tier.register_dataset(index.dataset_id, num_samples=len(index), name=index.url)
         selection = select(index, plan, tier)
         present = _present(tier, index, selection.ids)

@@ -16,8 +16,7 @@ import pytest
 from fastdata.index import SampleIndex, open_index, save_index
 from fastdata.layouts import ROW_DTYPE, ShardBuilder
 from fastdata.layouts.ranges import CHUNK_BYTES
-from fastdata.plan import EpochPlan, PlanConfig
-from fastdata.spec import WALK_CHUNKS, epoch_order
+from fastdata.plan import WALK_CHUNKS, EpochPlan, PlanConfig, epoch_order
 from fastdata.store import ObjectInfo, Store
 
 SHARDS = 12
