@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 # The torch face is imported on first use, so that `fastdata warm`, the store and the
-# cache start without importing torch (STYLE.md section 1).
+# cache start without importing torch (docs/architecture.md: torch only in three packages).
 _LAZY = {
     "DataLoader": "fastdata.loader",
     "Dataset": "fastdata.dataset",

@@ -7,10 +7,10 @@ returns it as a ``uint8`` tensor, under ``torch.utils.data.DataLoader`` with
 default start method, at ``num_workers`` 0 and 2. Each process opens its own s3fs
 client on first use (a client must not cross a fork).
 
-torch is imported here, outside the three modules that import it in the library
-(STYLE.md section 1): the baseline *is* torch's DataLoader. The benchmark is a client of
-the public API, not part of the data path. This is the one import the torch contract in
-``pyproject.toml`` ignores (docs/architecture.md).
+torch is imported here, outside the packages that import it in the library: the
+baseline *is* torch's DataLoader. The benchmark is a client of the public API, not part
+of the data path. This is the one import the torch contract in ``pyproject.toml``
+ignores outside them (docs/architecture.md, "torch outside the three packages").
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ _QUICK_MEMCPY_BYTES = 32 * 1024**2
 def _server_options(config: BenchConfig) -> tuple[Any, dict[str, Any]]:
     """``(server or None, storage options)``: the embedded server, or the given endpoint."""
     if config.endpoint_url is None:
-        from fastdata.testing.seaweedfs import SeaweedServer
+        from fastdata.server import SeaweedServer
 
         server = SeaweedServer().start()
         try:

@@ -1,5 +1,5 @@
 """The store contract on file://, memory:// and moto (both backends), and the fault contract
-through the proxy on moto. moto is the one server unit tests may use (STYLE.md section 7)."""
+through the proxy on moto. moto is the one server unit tests may use."""
 
 from __future__ import annotations
 
