@@ -16,6 +16,7 @@ __all__ = [
     "ObjectChangedError",
     "ObjectNotFoundError",
     "StoreError",
+    "StoreUnavailableError",
 ]
 
 
@@ -29,6 +30,11 @@ class ConfigError(FastdataError, ValueError):
 
 class StoreError(FastdataError, OSError):
     """The object store still fails after retries, or failed permanently."""
+
+
+class StoreUnavailableError(StoreError, ConnectionError):
+    """The store could not be reached, or kept failing, for the whole retry budget
+    (connection refused or reset, DNS, timeouts, 5xx, throttling)."""
 
 
 class ObjectNotFoundError(StoreError, FileNotFoundError):

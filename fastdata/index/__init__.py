@@ -31,7 +31,7 @@ from __future__ import annotations
 from fastdata.index._build import save_index
 from fastdata.index._keys import mix, namespace_id, namespace_name
 from fastdata.index._open import Consistency as Consistency
-from fastdata.index._open import DatasetChangedWarning, open_index
+from fastdata.index._open import DatasetChangedWarning, StoreUnreachableWarning, open_index
 from fastdata.index._read import MAX_UNIT_BYTES as MAX_UNIT_BYTES
 from fastdata.index._read import MERGE_GAP_BYTES as MERGE_GAP_BYTES
 from fastdata.index._read import plan_units
@@ -44,6 +44,7 @@ __all__ = [
     "DatasetChangedWarning",
     "IndexSource",
     "SampleIndex",
+    "StoreUnreachableWarning",
     "normalize_url",
     "mix",
     "namespace_id",

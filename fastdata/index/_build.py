@@ -79,14 +79,17 @@ def select(
     pattern: str | None,
     fields: Sequence[str] | None,
     options: Mapping[str, Any],
+    *,
+    max_attempts: int | None = None,
 ) -> Selection:
-    """List the dataset and resolve its layout and pattern.
+    """List the dataset and resolve its layout and pattern (``max_attempts``: the
+    listing's, see :meth:`Store.list`).
 
     The whole root is listed once (a store lists every key below a prefix whatever the
     pattern) and the patterns are applied here, so the layouts see the other objects
     beside their own (``CompanionLayout``: tar sidecars, a pack manifest).
     """
-    everything = store.list("")
+    everything = store.list("", max_attempts=max_attempts)
     listing = _matching(everything, pattern) if pattern else everything
     if layout is None:
         name = detect_layout(listing, url)

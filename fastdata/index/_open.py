@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from fastdata.config import default_cache_dir
-from fastdata.errors import CacheError, ConfigError, FastdataError, ObjectChangedError
+from fastdata.errors import (
+    CacheError,
+    ConfigError,
+    FastdataError,
+    ObjectChangedError,
+    StoreUnavailableError,
+)
 from fastdata.index._build import Selection, build, is_current, select
 from fastdata.index._keys import spec_key
 from fastdata.index._sample_index import SampleIndex
@@ -32,13 +38,29 @@ from fastdata.layouts.table import SampleTable, TableVersions
 from fastdata.spec import Consistency, DatasetSpec
 from fastdata.store import Store, normalize_url
 
-__all__ = ["Consistency", "DatasetChangedWarning", "open_index"]
+__all__ = [
+    "OFFLINE_PROBE_ATTEMPTS",
+    "Consistency",
+    "DatasetChangedWarning",
+    "StoreUnreachableWarning",
+    "open_index",
+]
 
 logger = logging.getLogger("fastdata.index")
 
 
 class DatasetChangedWarning(UserWarning):
     """The dataset changed since its index was built (``consistency="validate"``)."""
+
+
+class StoreUnreachableWarning(UserWarning):
+    """A ``validate`` open could not reach the store and used the saved index instead
+    (NOTE[offline-open])."""
+
+
+OFFLINE_PROBE_ATTEMPTS = 3
+"""Attempts of a ``validate`` open's listing when a saved index can stand in for it
+(NOTE[offline-open])."""
 
 
 @dataclass(frozen=True)
@@ -74,9 +96,17 @@ class _Request:
         )
         return None
 
-    def select(self) -> Selection:
+    def select(self, *, max_attempts: int | None = None) -> Selection:
         """List the dataset and resolve its layout and pattern (:func:`select`)."""
-        return select(self.store, self.url, self.layout, self.pattern, self.fields, self.options)
+        return select(
+            self.store,
+            self.url,
+            self.layout,
+            self.pattern,
+            self.fields,
+            self.options,
+            max_attempts=max_attempts,
+        )
 
 
 def _report_changes(old: SampleIndex, new: Selection, strict: bool) -> None:
@@ -248,8 +278,21 @@ def _open_trusting(versions: TableVersions, request: _Request) -> SampleIndex:
 
 
 def _open_validated(versions: TableVersions, request: _Request, strict: bool) -> SampleIndex:
-    selection = request.select()
-    found = request.wrap(versions.current())
+    """NOTE[offline-open]: with a saved index to fall back on, the listing that validates
+    it gets ``OFFLINE_PROBE_ATTEMPTS`` attempts, not the whole retry budget. A store that
+    cannot be reached (refused, reset, DNS, timeouts, 5xx: ``StoreUnavailableError``)
+    then opens the saved index at once with one warning naming its age, so cached
+    samples are served while misses wait out the budget as usual; the next open
+    validates again. Denied and missing buckets still raise. Without a saved index the
+    listing has the whole budget, as before."""
+    saved = request.wrap(versions.current())
+    try:
+        selection = request.select(max_attempts=OFFLINE_PROBE_ATTEMPTS if saved else None)
+    except StoreUnavailableError as exc:
+        if saved is None:
+            raise
+        return _offline(saved, exc)
+    found = saved
     if found is not None and found.fingerprint == selection.fingerprint:
         return _using(found, "the listing matches it")
     with _writable(versions, request) as (target, writable):
@@ -262,6 +305,19 @@ def _open_validated(versions: TableVersions, request: _Request, strict: bool) ->
         previous = found._table if found is not None else None
         table = build(request.store, target, selection, previous)
         return SampleIndex(table, storage_options=request.storage_options)
+
+
+def _offline(saved: SampleIndex, exc: StoreUnavailableError) -> SampleIndex:
+    age_s = max(0.0, time.time() - saved.built_at) if saved.built_at else float("nan")
+    message = (
+        f"{saved.url}: the store could not be reached ({exc}); using the saved index "
+        f"{saved.path} built {age_s:.0f} s ago without comparing it with the store. Cached "
+        "samples are served; misses wait for the store within its retry budget; the next "
+        "open validates again"
+    )
+    logger.warning(message)
+    warnings.warn(message, StoreUnreachableWarning, stacklevel=4)
+    return saved
 
 
 _warned_unwritable: set[str] = set()

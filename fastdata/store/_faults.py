@@ -23,6 +23,7 @@ from fastdata.errors import (
     ObjectChangedError,
     ObjectNotFoundError,
     StoreError,
+    StoreUnavailableError,
 )
 
 __all__ = [
@@ -299,7 +300,8 @@ def exhausted_error(
     seen: Mapping[str, int] | None = None,
     endpoint: str = "",
 ) -> StoreError | CorruptRecordError:
-    """The one error for a transient fault that outlasted the retry budget.
+    """The one error for a transient fault that outlasted the retry budget
+    (``StoreUnavailableError``, or ``CorruptRecordError`` for a body that stayed corrupt).
 
     It says what the attempts met, for how long, and how many there were: ``get of
     s3://b/k failed: connection refused by 127.0.0.1:9000 for 60 s, 23 attempts``.
@@ -324,7 +326,7 @@ def exhausted_error(
             "check proxies, NICs and the server's disks, or use an https endpoint",
             offset=start,
         )
-    return StoreError(
+    return StoreUnavailableError(
         f"{ctx.what()} failed: {head}; last cause: {failure.cause}. The store may be down "
         "or overloaded: check it, or raise StoreConfig.retry_budget_s"
     )

@@ -17,7 +17,7 @@ import os
 import random
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
@@ -230,30 +230,40 @@ class Store:
 
     # -- the API -------------------------------------------------------------------------
 
-    def list(self, prefix: str = "", pattern: str | None = None) -> list[ObjectInfo]:
+    def list(
+        self, prefix: str = "", pattern: str | None = None, *, max_attempts: int | None = None
+    ) -> list[ObjectInfo]:
         """List the objects under the folder ``prefix``, sorted by the UTF-8 bytes of the path.
 
         Args:
             prefix: Folder below the root (``""`` lists everything).
             pattern: Optional glob (``*``, ``?``, ``[...]``, ``**``) matched against the
                 path relative to ``prefix``.
+            max_attempts: At most this many attempts for this call (within the budget):
+                what an open asks when a saved index can stand in for the listing.
 
         Returns:
             ``ObjectInfo(path, size, etag)`` for each object; paths are relative to the root.
 
         Raises:
             ConfigError: ``prefix`` or ``pattern`` is not a string.
-            StoreError: The listing failed after retries (``AccessDeniedError`` for 403).
+            StoreError: The listing failed after retries (``AccessDeniedError`` for 403,
+                ``StoreUnavailableError`` when the store could not be reached).
         """
         if not isinstance(prefix, str):
             raise ConfigError(f"list prefix must be a str, got {type(prefix).__name__}")
+        if max_attempts is not None and (type(max_attempts) is not int or max_attempts < 1):
+            raise ConfigError(f"max_attempts must be a positive int or None, got {max_attempts!r}")
         regex = glob_to_regex(pattern) if pattern is not None else None
         prefix = prefix.strip("/")
 
         async def run(proc: _Process) -> list[ObjectInfo]:
             sink: list[ObjectInfo] = []
             attempt = functools.partial(proc.backend.list_into, prefix, sink)
-            await retrying(attempt, OpContext("list", self._target(prefix)), proc.env)
+            env = proc.env
+            if max_attempts is not None:
+                env = replace(env, policy=replace(env.policy, max_attempts=max_attempts))
+            await retrying(attempt, OpContext("list", self._target(prefix)), env)
             return sink
 
         found: list[ObjectInfo] = self._run(run)

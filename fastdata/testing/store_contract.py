@@ -37,6 +37,7 @@ from fastdata.errors import (
     ObjectChangedError,
     ObjectNotFoundError,
     StoreError,
+    StoreUnavailableError,
 )
 from fastdata.store import ByteRange, Store
 from fastdata.testing.faultproxy import Fault, FaultProxy
@@ -448,7 +449,7 @@ class StoreFaultContract:
         assert "get of" in message
         assert "attempt" in message
         assert "last cause" in message
-        assert type(excinfo.value) is StoreError
+        assert type(excinfo.value) is StoreUnavailableError
         proxy.clear()
         (out,) = store.get_many([ByteRange("f/small.bin")])
         assert bytes(memoryview(out)) == data["f/small.bin"]

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from fastdata.config import StoreConfig
-from fastdata.errors import CorruptRecordError, StoreError
+from fastdata.errors import CorruptRecordError, StoreError, StoreUnavailableError
 from fastdata.store import ByteRange, Store
 from fastdata.testing.faultproxy import Fault, FaultProxy
 from fastdata.testing.s3 import S3Target
@@ -264,7 +264,7 @@ def test_refused_past_the_budget_fails_once_saying_what_for_how_long(
     with pytest.raises(StoreError) as excinfo:
         store.get_many([ByteRange("md5/00.bin")])
     message = str(excinfo.value)
-    assert type(excinfo.value) is StoreError
+    assert type(excinfo.value) is StoreUnavailableError
     found = re.search(
         rf"connection refused by 127\.0\.0\.1:{port} for (\d\.\d) s, (\d+) attempts", message
     )

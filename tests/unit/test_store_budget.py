@@ -15,7 +15,7 @@ import re
 import pytest
 
 from fastdata.config import FastdataConfig, StoreConfig
-from fastdata.errors import ConfigError, CorruptRecordError, StoreError
+from fastdata.errors import ConfigError, CorruptRecordError, StoreError, StoreUnavailableError
 from fastdata.store._faults import CorruptTransfer, Failure, FaultKind, OpContext
 from fastdata.store._retry import Counters, RetryEnv, RetryPolicy, retrying
 
@@ -99,7 +99,7 @@ def test_a_fault_longer_than_the_budget_fails_once_at_its_end_saying_what_and_ho
             await retrying(outage, CTX, env)
         elapsed = loop.time() - started
         message = str(excinfo.value)
-        assert type(excinfo.value) is StoreError
+        assert type(excinfo.value) is StoreUnavailableError
         assert "get of s3://bucket/key" in message
         assert "connection refused by 127.0.0.1:9000 for 1.0 s" in message or (
             "connection refused by 127.0.0.1:9000 for 0.9 s" in message

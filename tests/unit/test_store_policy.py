@@ -19,6 +19,7 @@ from fastdata.errors import (
     ObjectChangedError,
     ObjectNotFoundError,
     StoreError,
+    StoreUnavailableError,
 )
 from fastdata.store import ByteRange, Store, StoreStats, glob_to_regex
 from fastdata.store._args import choose_backend
@@ -97,7 +98,7 @@ def test_exhausted_attempts_raise_store_error_naming_object_operation_attempts_c
     with pytest.raises(StoreError) as excinfo:
         asyncio.run(retrying(_Flaky(10, TimeoutError("slow")), CTX, env))
     message = str(excinfo.value)
-    assert type(excinfo.value) is StoreError
+    assert type(excinfo.value) is StoreUnavailableError
     assert "get of s3://bucket/key" in message
     assert "3 attempts" in message
     assert "flaky: slow" in message
