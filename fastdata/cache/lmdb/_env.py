@@ -562,7 +562,7 @@ def _checked_size(data_path: Path) -> int:
         if not CHECKABLE or not stat.S_ISREG(st.st_mode):
             return 0 if stat.S_ISDIR(st.st_mode) else st.st_size  # LMDB says EISDIR
         try:
-            size = check_data_file(fd)
+            size = check_data_file(fd, walk_tree=True)  # NOTE[lmdb-tree]
         except OSError as exc:  # EIO reading a meta page: as damaged as a bad one
             raise DamagedFile(f"meta pages unreadable: {exc}") from exc
         if size == 0:

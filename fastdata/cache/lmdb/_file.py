@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import lmdb
 
+from fastdata.cache.lmdb._tree import TreeDamage, check_tree
+
 __all__ = [
     "CHECKABLE",
     "META_PSIZE_OFFSET",
@@ -46,6 +48,7 @@ _MDB_DATA_VERSION = 1
 #: File offset of meta page 0's page size (``mm_dbs[0].md_pad``), for tests that damage it.
 META_PSIZE_OFFSET = 40
 _MIN_PSIZE, _MAX_PSIZE = 512, 65536
+_TREE_ATTEMPTS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +61,8 @@ class MetaPage:
     """Number of the last page in use (``mm_last_pg``)."""
     txnid: int
     """Id of the last committed transaction (``mm_txnid``)."""
+    offset: int = 0
+    """Where this meta page is in the file (0 or the page size)."""
 
     @property
     def required_bytes(self) -> int:
@@ -98,13 +103,14 @@ def read_meta(fd: int) -> MetaPage | None:
             raise DamagedFile(f"meta page {number} has LMDB data version {version}, not 1")
         if not _MIN_PSIZE <= psize <= _MAX_PSIZE or psize & (psize - 1):
             raise DamagedFile(f"meta page {number} has an impossible page size {psize}")
-        metas.append(MetaPage(psize=psize, last_pg=last_pg, txnid=txnid))
+        metas.append(MetaPage(psize=psize, last_pg=last_pg, txnid=txnid, offset=offset))
         offset = psize
     return max(metas, key=lambda m: m.txnid)
 
 
-def check_data_file(fd: int) -> int:
-    """Check a data file against its meta pages before it is mapped (NOTE[lmdb-meta]).
+def check_data_file(fd: int, *, walk_tree: bool = False) -> int:
+    """Check a data file against its meta pages before it is mapped (NOTE[lmdb-meta]),
+    and with ``walk_tree`` every page reference of its B-trees (NOTE[lmdb-tree]).
 
     The meta pages are read before the length, so a commit by another process meanwhile
     (which writes its pages before its meta page) can never look like a short file. A
@@ -119,10 +125,30 @@ def check_data_file(fd: int) -> int:
         OSError: The file cannot be read.
     """
     try:
-        return _checked_length(fd)
+        size = _checked_length(fd)
     except DamagedFile:
         time.sleep(0.001)
-        return _checked_length(fd)
+        size = _checked_length(fd)
+    if walk_tree and size:
+        _walk_tree(fd)
+    return size
+
+
+def _walk_tree(fd: int) -> None:
+    """NOTE[lmdb-tree]: walk the newest snapshot; a failure while its transaction id stays
+    the same is damage, one overtaken by a commit is walked again (bounded)."""
+    for _ in range(_TREE_ATTEMPTS):
+        meta = read_meta(fd)
+        if meta is None:
+            return
+        try:
+            check_tree(fd, meta.psize, meta.last_pg, meta.offset)
+            return
+        except TreeDamage as exc:
+            now = read_meta(fd)
+            if now is None or now.txnid == meta.txnid:
+                raise DamagedFile(f"damaged page references: {exc}") from exc
+    raise DamagedFile(f"the tree kept changing under {_TREE_ATTEMPTS} walks")
 
 
 def _checked_length(fd: int) -> int:
