@@ -18,7 +18,7 @@ caller closes the lease: the RAM tier in the caller's thread, the others by the 
 write-behind thread (NOTE[write-behind] in ``_writeback.py``; in the caller's thread too
 when its queue is full or ``CacheConfig.writeback_bytes`` is 0). Either way, after the
 tier leases of that call are closed, never while they are open. An LMDB lease holds the
-environment's gate (NOTE[lmdb-gate] in ``_env.py``), and a write that needs a
+environment's gate (NOTE[lmdb-gate] in ``_gate.py``), and a write that needs a
 bigger map cannot wait for the resize while its own thread holds the gate: written under
 the lease, most records of a cold batch were rejected and the next epoch was not warm. A
 tier lease that found nothing is closed at once, before the source is read, so slow

@@ -228,7 +228,7 @@ class Lease:
 
     def __del__(self) -> None:
         # Safety net only: a lease dropped without close() must not keep an LMDB
-        # reader slot (and the process gate) forever. NOTE[lmdb-gate] in _env.py.
+        # reader slot (and the process gate) forever. NOTE[lmdb-gate] in _gate.py.
         if getattr(self, "_release", None) is not None:
             self.close()
 

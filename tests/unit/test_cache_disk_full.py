@@ -21,6 +21,7 @@ import pytest
 
 from fastdata.cache import CacheItem, LmdbTier, ReadThroughCache, make_key
 from fastdata.cache.lmdb import _env as _lmdb_env
+from fastdata.cache.lmdb import _gate as _lmdb_gate
 from fastdata.config import CacheConfig
 from tests.contracts.tier_contract import (
     DATASET,
@@ -305,7 +306,7 @@ def test_no_room_for_the_lock_file_opens_the_warm_cache_read_only(
     def no_room(path: Path) -> Any:
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(_lmdb_env, "flocked", no_room)
+    monkeypatch.setattr(_lmdb_gate, "flocked", no_room)
     tier = LmdbTier(config)
     with caplog.at_level(logging.WARNING), ReadThroughCache([tier], source, config=config) as cache:
         assert cold_epoch(cache, source) == 40

@@ -15,6 +15,7 @@ import pytest
 from fastdata import record
 from fastdata.cache import LmdbTier
 from fastdata.cache.lmdb import _env as _lmdb_env
+from fastdata.cache.lmdb import _handle as _lmdb_handle
 from fastdata.cache.lmdb._readahead import Readahead
 from fastdata.config import CacheConfig
 from tests.contracts.tier_contract import item, read_all
@@ -207,7 +208,7 @@ def test_closed_readahead_starts_no_threads(root: Path) -> None:
 def test_environment_released_with_a_lease_open_closes_with_that_lease(
     root: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(_lmdb_env, "_RESIZE_WAIT_S", 0.2)
+    monkeypatch.setattr(_lmdb_handle, "RESIZE_WAIT_S", 0.2)
     tier = LmdbTier(config_in(root))
     lease = tier.get_many(KEYS, FINGERPRINTS)
     handle = tier._get_handle()
@@ -227,7 +228,7 @@ def test_environment_released_with_a_lease_open_closes_with_that_lease(
 def test_a_pending_close_is_taken_back_by_the_next_tier_on_the_directory(
     root: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(_lmdb_env, "_RESIZE_WAIT_S", 0.2)
+    monkeypatch.setattr(_lmdb_handle, "RESIZE_WAIT_S", 0.2)
     first = LmdbTier(config_in(root))
     lease = first.get_many(KEYS, FINGERPRINTS)
     handle = first._get_handle()

@@ -1,7 +1,7 @@
 """The LMDB tier's read path: lookups, leases over the map, and readahead.
 
 Reads hand out memoryviews into the map; the lease keeps the read transaction (and the
-gate, NOTE[lmdb-gate] in ``_env.py``) until ``close()``. Faults never reach the caller:
+gate, NOTE[lmdb-gate] in ``_gate.py``) until ``close()``. Faults never reach the caller:
 the tier counts them, warns once, and falls through to the next tier; a read that fails
 in any way ends its transaction and its hold on the gate before it falls through.
 """

@@ -3,7 +3,7 @@
 ``put_many`` cuts the items into write transactions of at most ``write_txn_bytes``;
 each one is admitted by the pure policy (``policy.choose_admitted``) against the room
 the cost model leaves (``lmdb_budget``, NOTE[lmdb-budget]), grows the map toward the
-budget when it must (NOTE[lmdb-gate] in ``_env.py``), and evicts idle datasets when a
+budget when it must (NOTE[lmdb-gate] in ``_gate.py``), and evicts idle datasets when a
 write is rejected (``policy.idle_victims``). A failed write pauses or turns off writes
 (NOTE[lmdb-write-off] in ``_core.py``).
 """
