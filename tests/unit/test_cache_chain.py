@@ -153,7 +153,7 @@ def test_corrupt_lmdb_entry_is_dropped_counted_logged_and_refetched(
     lmdb_tier = LmdbTier(config)
     with ReadThroughCache([lmdb_tier], source, config=config) as cache:
         records(cache, list(range(10)))
-        handle = lmdb_tier._get_handle()
+        handle = lmdb_tier._core.get_handle()
         assert handle is not None
         key = make_key(DATASET, 3)
         with handle.env.begin(write=True, db=handle.records) as txn:
@@ -171,7 +171,7 @@ def test_corrupt_lmdb_entry_is_dropped_counted_logged_and_refetched(
 
 def _flip_lmdb_record_byte(tier: LmdbTier, sample_id: int) -> None:
     """Flip one payload byte of a cached record: its entry header stays sound."""
-    handle = tier._get_handle()
+    handle = tier._core.get_handle()
     assert handle is not None
     key = make_key(DATASET, sample_id)
     with handle.env.begin(write=True, db=handle.records) as txn:
@@ -470,7 +470,7 @@ def test_lease_holds_the_lmdb_read_transaction_until_closed(config: CacheConfig)
     lmdb_tier = LmdbTier(config)
     with ReadThroughCache([lmdb_tier], FakeSource(10), config=config) as cache:
         records(cache, [1])
-        handle = lmdb_tier._get_handle()
+        handle = lmdb_tier._core.get_handle()
         assert handle is not None
         before = handle.env.readers()
         lease = cache.get_many([1])

@@ -156,7 +156,7 @@ def test_lock_file_refused_opens_the_warm_cache_read_only(
         stats = tier.stats()
         assert stats.hits == SAMPLES
         assert stats.read_only
-        handle = tier._get_handle()
+        handle = tier._core.get_handle()
         assert handle is not None
         assert handle.env.flags()["lock"] is False
         assert handle.env.flags()["readonly"] is True
