@@ -145,7 +145,7 @@ def warm_part(size: int, count: int, num_batches: int, work: Path) -> dict[str, 
         ram,
     ):
         # (a) drives the environment the tiers opened (one per process) with plain py-lmdb.
-        handle = always._get_handle()
+        handle = always._core.get_handle()
         assert handle is not None
         runs: dict[str, Callable[[], float]] = {
             "a_raw": lambda: raw_loop(handle.env, handle.records, batches, alloc.buf),

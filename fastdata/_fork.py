@@ -14,7 +14,12 @@ files or LMDB reader slots it shares). Three tools, all here:
   ``obj`` lives (new locks, empty per-process state);
 * :func:`at_fork` registers module-level hooks (``os.register_at_fork`` where it exists);
 * :func:`this_process` is the PID comparison for the few places where a handle keeps its
-  own ``pid`` field (a dataclass shared with other code) and the check reads best inline.
+  own ``pid`` field (a dataclass shared with other code) and the check reads best inline,
+  and :func:`current_pid` is the PID such a field records (or a message names).
+
+Nothing else calls ``os.getpid()`` to tell processes apart; the few direct calls left
+name a file or an object after the process, each with a comment saying so
+(tests/unit/test_fork.py counts them).
 
 Each user says what it keeps in its own note (NOTE[ram-fork], NOTE[lmdb-fork],
 NOTE[store-fork], NOTE[store-loop], NOTE[dataset-runtime], NOTE[warm-claims]).
@@ -30,7 +35,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
-__all__ = ["PerProcess", "at_fork", "reset_in_forked_child", "this_process"]
+__all__ = ["PerProcess", "at_fork", "current_pid", "reset_in_forked_child", "this_process"]
 
 T = TypeVar("T")
 
@@ -42,6 +47,11 @@ class _Resettable(Protocol):
 _RESET_IN_CHILD: weakref.WeakSet[Any] = weakref.WeakSet()
 _INHERITED: list[Any] = []
 """Objects a forked child inherited: kept alive so that no finalizer of theirs runs here."""
+
+
+def current_pid() -> int:
+    """This process's PID: what a per-process handle records as its owner (NOTE[fork])."""
+    return os.getpid()
 
 
 def this_process(pid: int | None) -> bool:

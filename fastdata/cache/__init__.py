@@ -1,17 +1,32 @@
 """The cache tiers: RAM, then node-local LMDB, then the source (``ReadThroughCache``).
 
 See docs/cache.md for the design, the admission/eviction policy, the on-disk layout,
-crash safety and what ``stats()`` returns.
+crash safety and what ``stats()`` returns. The modules:
+
+- ``tier.py``: the tier protocol, its data side (``DataTier``) and admin side
+  (``AdminTier``), the capabilities a tier declares (``in_process``), and the plain data
+  tiers hand out (``Lease``, ``CacheItem``, ``TierStats``);
+- ``ram.py``: ``RamTier``; ``lmdb/``: ``LmdbTier``; ``_tiers.py``: ``default_tiers``;
+- ``chain.py``: ``ReadThroughCache``, with its parts ``_flight.py`` (single flight),
+  ``_source.py`` (``SampleSource``, the transfer retry), ``_stats.py`` (``CacheStats``)
+  and ``_writeback.py`` (the write-behind thread);
+- ``policy.py``: admission and eviction as pure functions.
 """
 
 from __future__ import annotations
 
-from fastdata.cache.chain import CacheStats, ReadThroughCache, SampleSource, default_tiers
+from fastdata.cache._source import SampleSource
+from fastdata.cache._stats import CacheStats
+from fastdata.cache._tiers import default_tiers
+from fastdata.cache.chain import ReadThroughCache
 from fastdata.cache.lmdb import LmdbTier
 from fastdata.cache.ram import RamTier
 from fastdata.cache.tier import (
+    AdminTier,
     CacheItem,
     DatasetInfo,
+    DataTier,
+    InProcessTier,
     LatencyHistogram,
     Lease,
     Tier,
@@ -20,9 +35,12 @@ from fastdata.cache.tier import (
 )
 
 __all__ = [
+    "AdminTier",
     "CacheItem",
     "CacheStats",
+    "DataTier",
     "DatasetInfo",
+    "InProcessTier",
     "LatencyHistogram",
     "Lease",
     "LmdbTier",

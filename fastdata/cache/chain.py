@@ -7,18 +7,17 @@ tiers above; what no tier has is read from the source once, encoded with
 either way. Tiers verify fingerprints and checksums themselves (a bad entry is a miss),
 so wrong bytes never reach the caller.
 
-NOTE[singleflight]: when several threads of one process miss the same key at once, the
-first one fetches it (it "owns" the flight) and the others wait for its result. An owner
-fetches its own keys before it waits for anyone else's, so waits never form a cycle. If
-the owner's fetch fails, each waiter fetches the key itself, so every caller sees its
-own error, with its own traceback.
+Single flight (NOTE[singleflight]) is ``_flight.py``'s, the source side (``SampleSource``,
+the transfer retry of NOTE[transfer-retry]) ``_source.py``'s, the counters
+(``CacheStats``) ``_stats.py``'s, and the standard tiers (``default_tiers``) are built in
+``_tiers.py``; the write-behind thread is ``_writeback.py``'s.
 
 NOTE[chain-writeback]: records read from the source are written into the tiers when the
 caller closes the lease: the RAM tier in the caller's thread, the others by the cache's
 write-behind thread (NOTE[write-behind] in ``_writeback.py``; in the caller's thread too
 when its queue is full or ``CacheConfig.writeback_bytes`` is 0). Either way, after the
 tier leases of that call are closed, never while they are open. An LMDB lease holds the
-environment's gate (NOTE[lmdb-gate] in ``_env.py``), and a write that needs a
+environment's gate (NOTE[lmdb-gate] in ``_gate.py``), and a write that needs a
 bigger map cannot wait for the resize while its own thread holds the gate: written under
 the lease, most records of a cold batch were rejected and the next epoch was not warm. A
 tier lease that found nothing is closed at once, before the source is read, so slow
@@ -27,37 +26,31 @@ owner directly (NOTE[singleflight]); a caller that reads the same key between th
 owner's fetch and its lease closing reads it from the source again (correct, only
 slower).
 
-Why one module of this size: its one job is one read through the tiers, and the rules
-above hold only together: single flight decides which keys this call fetches, the tier
-leases decide when the write-back may run, and ``collate_many``'s checksum retry and
-``drop_corrupt`` act on the same leases. The write-behind thread (``_writeback.py``)
-and the tiers are parts of their own.
+The chain never asks a tier's class: what a tier can do is declared on it
+(``in_process``, ``fastdata.cache.tier``), and the chain writes an in-process tier in the
+reading thread and asks it ``holds``, and hands every other tier's writes to the
+write-behind thread.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 from fastdata import record
 from fastdata._fork import reset_in_forked_child
+from fastdata.cache._flight import SingleFlight
+from fastdata.cache._source import SampleSource, read_records
+from fastdata.cache._stats import CACHE_COUNTERS, CacheStats
 from fastdata.cache._writeback import WriteBehind
-from fastdata.cache.lmdb import LmdbTier
-from fastdata.cache.ram import RamTier
 from fastdata.cache.tier import (
     CacheItem,
-    LatencyHistogram,
+    InProcessTier,
     Lease,
     StatsRecorder,
     Tier,
-    TierStats,
-    counter,
-    counter_names,
-    plain_dict,
+    missing_members,
 )
 from fastdata.config import CacheConfig
 from fastdata.errors import ConfigError, CorruptRecordError
@@ -70,113 +63,10 @@ if TYPE_CHECKING:
     #: Sample ids as the public calls take them: any int sequence or a numpy integer array.
     SampleIds = Sequence[int] | npt.NDArray[np.integer[Any]]
 
-__all__ = ["CacheStats", "ReadThroughCache", "SampleSource", "default_tiers"]
+__all__ = ["ReadThroughCache"]
 
-_log = logging.getLogger(__name__)
-_FLIGHT_WAIT_S = 1.0
-_TRANSFER_ATTEMPTS = 4
 _CLOSE_FLUSH_S = 30.0
 """How long ``close()`` waits for the write-behind queue to drain (NOTE[write-behind])."""
-
-
-@runtime_checkable
-class SampleSource(Protocol):
-    """A dataset bound to its store: what the cache reads misses from.
-
-    ``fastdata.index.SampleIndex.source(store)`` provides one; tests use small fakes.
-    """
-
-    @property
-    def dataset_id(self) -> bytes:
-        """8 bytes, the prefix of every key of this dataset."""
-        ...
-
-    @property
-    def url(self) -> str:
-        """Where the dataset lives (the index's normalized URL); the tiers register the
-        dataset under it, so ``fastdata stats`` and ``fastdata clear --dataset URL`` find it."""
-        ...
-
-    def __len__(self) -> int:
-        """Number of samples."""
-        ...
-
-    def keys(self, sample_ids: Sequence[int]) -> list[bytes]:
-        """16-byte cache keys: ``dataset_id + be_u64(sample_id)``."""
-        ...
-
-    def fingerprints(self, sample_ids: Sequence[int]) -> list[bytes]:
-        """16-byte fingerprints of the source objects (a digest of ETag and size)."""
-        ...
-
-    def read_samples(self, sample_ids: Sequence[int]) -> list[Any]:
-        """The samples (dicts of fields, or raw records), in the order of ``sample_ids``."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class CacheStats:
-    """Counters of a read-through cache, as plain data (``as_dict()`` for JSON)."""
-
-    tiers: tuple[TierStats, ...] = ()
-    """One entry per tier, fastest first."""
-    requests: int = counter()
-    """``get_many`` calls."""
-    samples: int = counter()
-    """Sample ids requested."""
-    source_reads: int = counter()
-    """Calls to ``source.read_samples``."""
-    source_samples: int = counter()
-    """Samples read from the source (each missed key once)."""
-    source_bytes: int = counter()
-    """Record bytes produced from source samples."""
-    singleflight_waits: int = counter()
-    """Keys this process waited for while another thread fetched them."""
-    corrupt_transfers: int = counter()
-    """Records from the source that failed their checksum and were read again
-    (NOTE[transfer-retry])."""
-    writeback_records: int = counter()
-    """Records the write-behind thread wrote (NOTE[write-behind])."""
-    writeback_errors: int = counter()
-    """Tier writes of the write-behind thread that failed (each one is logged)."""
-    writeback_inline: int = counter()
-    """Records the reading thread wrote itself because the write-behind queue was full."""
-    source_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
-    """Latency of ``source.read_samples`` plus encoding."""
-
-    @property
-    def hit_rate(self) -> float:
-        """Fraction of requested samples served by a tier."""
-        return 1.0 - self.source_samples / self.samples if self.samples else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        return plain_dict(self)
-
-
-_COUNTERS = counter_names(CacheStats)
-
-
-def default_tiers(config: CacheConfig | None = None) -> list[Tier]:
-    """The standard chain: a RAM tier (unless ``ram_bytes`` is 0), then the LMDB tier.
-
-    Returns an empty list when ``config.enabled`` is false.
-    """
-    config = config or CacheConfig()
-    if not config.enabled:
-        return []
-    tiers: list[Tier] = [RamTier(config)] if config.ram_bytes else []
-    tiers.append(LmdbTier(config))
-    return tiers
-
-
-class _Flight:
-    __slots__ = ("event", "failed", "record")
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.record: Any = None
-        self.failed = False
 
 
 class ReadThroughCache:
@@ -185,12 +75,13 @@ class ReadThroughCache:
     The cache owns its tiers: ``close()`` closes them.
 
     Args:
-        tiers: Tiers, fastest first (see :func:`default_tiers`).
+        tiers: Tiers, fastest first (see :func:`~fastdata.cache.default_tiers`).
         source: Where misses are read from.
         config: Cache settings; with ``enabled=False`` every sample comes from the source.
 
     Raises:
-        ConfigError: A tier or the source lacks the protocol's members.
+        ConfigError: A tier or the source lacks the protocol's members (a tier that
+            says ``in_process`` must also have ``holds``).
     """
 
     def __init__(
@@ -201,8 +92,12 @@ class ReadThroughCache:
         config: CacheConfig | None = None,
     ) -> None:
         for tier in tiers:
-            if not isinstance(tier, Tier):
-                raise ConfigError(f"{tier!r} is not a cache tier (see fastdata.cache.Tier)")
+            missing = missing_members(tier)
+            if missing:
+                raise ConfigError(
+                    f"{tier!r} is not a cache tier: it lacks {', '.join(missing)} "
+                    "(see fastdata.cache.Tier)"
+                )
         if not isinstance(source, SampleSource):
             raise ConfigError(
                 f"{source!r} is not a SampleSource: it needs dataset_id, url, __len__, keys, "
@@ -214,6 +109,13 @@ class ReadThroughCache:
         self.config = config or CacheConfig()
         self.tiers = list(tiers) if self.config.enabled else []
         self._given_tiers = list(tiers)
+        first = self.tiers[0] if self.tiers else None
+        # What in_memory asks: the first tier, when it is in process (a capability, not a class).
+        self._memory: InProcessTier | None = (
+            first
+            if first is not None and first.in_process and isinstance(first, InProcessTier)
+            else None
+        )
         self.source = source
         self._reset()
         # NOTE[singleflight]: a lock or flight held by another thread at fork is gone in
@@ -221,15 +123,15 @@ class ReadThroughCache:
         reset_in_forked_child(self)
 
     def _reset(self) -> None:
-        self._lock = threading.Lock()
-        self._inflight: dict[bytes, _Flight] = {}
-        self._stats = StatsRecorder(_COUNTERS, calls=("source",))
+        self._flights = SingleFlight()  # NOTE[singleflight]
+        self._stats = StatsRecorder(CACHE_COUNTERS, calls=("source",))
         # Tiers that have not recorded the dataset yet; a forked child registers again.
         self._unregistered = list(self.tiers)
         # NOTE[write-behind]: a forked child gets an empty queue and no thread.
-        behind = [t for t in self.tiers if not isinstance(t, RamTier)]
+        # An in-process tier is written in the reading thread; the others behind it.
+        behind = [t for t in self.tiers if not t.in_process]
         limit = self.config.writeback_bytes
-        self._inline = [t for t in self.tiers if limit == 0 or isinstance(t, RamTier)]
+        self._inline = [t for t in self.tiers if limit == 0 or t.in_process]
         self._writeback = WriteBehind(
             behind if limit else [], limit, self._stats, name="fastdata-writeback"
         )
@@ -493,27 +395,12 @@ class ReadThroughCache:
         writes: list[CacheItem],
     ) -> dict[bytes, Buffer]:
         # NOTE[singleflight]
-        owned: list[bytes] = []
-        waiting: list[tuple[bytes, _Flight]] = []
-        with self._lock:
-            for key in wanted:
-                flight = self._inflight.get(key)
-                if flight is None:
-                    self._inflight[key] = _Flight()
-                    owned.append(key)
-                else:
-                    waiting.append((key, flight))
+        owned, waiting = self._flights.claim(wanted)
         records: dict[bytes, Buffer] = {}
         if owned:
             records.update(self._fetch_owned(ids, fingerprints, wanted, owned, writes))
-        retry: list[bytes] = []
-        for key, flight in waiting:
-            while not flight.event.wait(_FLIGHT_WAIT_S):
-                pass
-            if flight.failed:
-                retry.append(key)
-            else:
-                records[key] = flight.record
+        landed, retry = self._flights.wait(waiting)
+        records.update(landed)
         self._stats.add(singleflight_waits=len(waiting))
         if retry:
             retried = {k: wanted[k] for k in retry}
@@ -531,11 +418,11 @@ class ReadThroughCache:
         """Read owned keys from the source; their write-back is queued on ``writes``."""
         started = time.perf_counter()
         try:
-            records = self._read_records([ids[wanted[k]] for k in owned])
+            records = read_records(self.source, [ids[wanted[k]] for k in owned], self._stats)
         except BaseException:
-            self._land(owned, None)
+            self._flights.land(owned, None)
             raise
-        self._land(owned, records)
+        self._flights.land(owned, records)
         self._stats.record_call(
             "source",
             started,
@@ -548,71 +435,12 @@ class ReadThroughCache:
         )
         return dict(zip(owned, records, strict=True))
 
-    def _read_records(self, sample_ids: list[int]) -> list[Buffer]:
-        # NOTE[transfer-retry]: a record that arrives whole from the source (packed
-        # shards, read by byte ranges the store cannot check) carries its own CRC, which
-        # to_record verifies. A mismatch means the bytes were damaged on the way, so the
-        # sample is read again, at most _TRANSFER_ATTEMPTS times in all; only a mismatch
-        # that persists raises, naming the object and the byte range.
-        out: list[Buffer | None] = [None] * len(sample_ids)
-        todo = list(range(len(sample_ids)))
-        for attempt in range(1, _TRANSFER_ATTEMPTS + 1):
-            samples = self.source.read_samples([sample_ids[i] for i in todo])
-            if len(samples) != len(todo):
-                raise ConfigError(
-                    f"source.read_samples returned {len(samples)} samples for {len(todo)} ids"
-                )
-            failed: list[tuple[int, CorruptRecordError]] = []
-            for i, sample in zip(todo, samples, strict=True):
-                try:
-                    out[i] = record.to_record(sample)
-                except CorruptRecordError as exc:
-                    failed.append((i, exc))
-            if not failed:
-                break
-            self._stats.add(corrupt_transfers=len(failed))
-            where = self._describe(sample_ids[failed[0][0]])
-            if attempt == _TRANSFER_ATTEMPTS:
-                first, cause = failed[0]
-                raise CorruptRecordError(
-                    f"sample {sample_ids[first]} ({where}) failed its record checksum in each "
-                    f"of {attempt} reads from the store: {cause}. The stored bytes are "
-                    "damaged; rewrite the shard (fastdata pack) or exclude it with `pattern`",
-                    sample_id=sample_ids[first],
-                    offset=cause.offset,
-                ) from cause
-            _log.warning(
-                "%d record(s) read from the store failed their checksum (first: sample %d, "
-                "%s); reading them again (attempt %d of %d)",
-                len(failed),
-                sample_ids[failed[0][0]],
-                where,
-                attempt + 1,
-                _TRANSFER_ATTEMPTS,
-            )
-            todo = [i for i, _ in failed]
-        return out  # type: ignore[return-value]  # every slot was filled or we raised
-
-    def _describe(self, sample_id: int) -> str:
-        describe = getattr(self.source, "describe", None)
-        return str(describe(sample_id)) if callable(describe) else f"of {self.source.url}"
-
-    def _land(self, owned: list[bytes], records: list[Any] | None) -> None:
-        with self._lock:
-            for j, key in enumerate(owned):
-                flight = self._inflight.pop(key)
-                if records is None:
-                    flight.failed = True
-                else:
-                    flight.record = records[j]
-                flight.event.set()
-
     def in_memory(self, sample_ids: SampleIds) -> bool:
-        """Whether every sample is in the RAM tier (the first tier, when it is one): its
+        """Whether every sample is in the first tier, when it is in process (the RAM tier): its
         read costs no store, disk or bandwidth. Counts nothing (NOTE[prefetch-ramp])."""
         ids = self._check_ids(sample_ids)
-        first = self.tiers[0] if self.tiers else None
-        if not ids or not isinstance(first, RamTier):
+        first = self._memory
+        if not ids or first is None:
             return False
         return first.holds(self.source.keys(ids), self.source.fingerprints(ids))
 

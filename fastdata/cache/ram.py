@@ -75,6 +75,9 @@ class RamTier:
     """
 
     name = "ram"
+    in_process = True
+    """Entries live in this process's memory: the chain writes them in the reading
+    thread, and :meth:`holds` answers without I/O (``fastdata.cache.tier``, capabilities)."""
 
     def __init__(
         self, config: CacheConfig | None = None, *, clock: Callable[[], float] = time.time

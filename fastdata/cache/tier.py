@@ -46,6 +46,9 @@ __all__ = [
     "CacheItem",
     "DatasetInfo",
     "LatencyHistogram",
+    "AdminTier",
+    "DataTier",
+    "InProcessTier",
     "Lease",
     "Tier",
     "TierStats",
@@ -56,6 +59,7 @@ __all__ = [
     "counter",
     "counter_names",
     "make_key",
+    "missing_members",
     "node_counter",
     "plain_dict",
 ]
@@ -228,7 +232,7 @@ class Lease:
 
     def __del__(self) -> None:
         # Safety net only: a lease dropped without close() must not keep an LMDB
-        # reader slot (and the process gate) forever. NOTE[lmdb-gate] in _env.py.
+        # reader slot (and the process gate) forever. NOTE[lmdb-gate] in _gate.py.
         if getattr(self, "_release", None) is not None:
             self.close()
 
@@ -374,10 +378,24 @@ class DatasetInfo:
 
 
 @runtime_checkable
-class Tier(Protocol):
-    """One cache tier. Every method takes many keys at once; a miss is ``None``."""
+class DataTier(Protocol):
+    """The data side of a cache tier: what the chain asks of it for every batch.
+
+    Every method takes many keys at once; a miss is ``None``. What a tier can do beyond
+    the methods is declared, not discovered (as zarr's ``Store`` declares
+    ``supports_writes``), and the chain asks the declaration, never the class:
+
+    - ``in_process``: the entries live in this process's memory. A write is cheap, so
+      the chain writes it in the reading thread, never through its write-behind thread
+      (NOTE[write-behind]); a read costs no store, disk or bandwidth; and the tier is an
+      :class:`InProcessTier`, whose ``holds`` says so without I/O (NOTE[prefetch-ramp]).
+      ``False`` for a tier whose entries are files or another node's: the chain hands
+      its writes to the write-behind thread.
+    """
 
     name: str
+    in_process: bool
+    """Whether the entries live in this process's memory (see above)."""
 
     def get_many(
         self, keys: Sequence[bytes], fingerprints: Sequence[bytes], *, defer_verify: bool = False
@@ -405,6 +423,20 @@ class Tier(Protocol):
         """Keys expected to be read soon, in order (readahead, eviction protection)."""
         ...
 
+
+@runtime_checkable
+class InProcessTier(DataTier, Protocol):
+    """A data tier whose ``in_process`` is ``True``: it can say what it holds for free."""
+
+    def holds(self, keys: Sequence[bytes], fingerprints: Sequence[bytes]) -> bool:
+        """Whether every key is held with its fingerprint; no I/O, counts nothing."""
+        ...
+
+
+@runtime_checkable
+class AdminTier(Protocol):
+    """The admin side of a cache tier: datasets, clearing, stats, lifetime."""
+
     def register_dataset(self, dataset_id: bytes, *, num_samples: int, name: str = "") -> bool:
         """Record a dataset's sample count (and a label) for :meth:`datasets`; ``False``
         when the tier cannot record it now (unavailable, degraded, closed): call again."""
@@ -424,8 +456,27 @@ class Tier(Protocol):
 
     def close(self) -> None:
         """Release handles. Final: a closed tier opens nothing again, its reads are misses
-        and its writes rejections (NOTE[tier-closed] in ``lmdb_tier.py``)."""
+        and its writes rejections (NOTE[tier-closed] in ``lmdb/_tier.py``)."""
         ...
+
+
+@runtime_checkable
+class Tier(DataTier, AdminTier, Protocol):
+    """One cache tier: its data side and its admin side (what ``ReadThroughCache`` takes)."""
+
+
+def missing_members(tier: object) -> list[str]:
+    """The members of :class:`Tier` that ``tier`` lacks (for an error message), and
+    ``holds`` when it says ``in_process`` but is not an :class:`InProcessTier`."""
+    names = ["name", "in_process", *_methods(DataTier), *_methods(AdminTier)]
+    missing = [n for n in names if not hasattr(tier, n)]
+    if not missing and getattr(tier, "in_process", False) is True:
+        missing += [n for n in _methods(InProcessTier) if not hasattr(tier, n)]
+    return missing
+
+
+def _methods(protocol: type) -> list[str]:
+    return [n for n, v in vars(protocol).items() if callable(v) and not n.startswith("_")]
 
 
 class StatsRecorder:

@@ -28,7 +28,17 @@ import numpy as np
 import pytest
 
 from fastdata import record
-from fastdata.cache import CacheItem, Lease, Tier, make_key
+from fastdata.cache import (
+    AdminTier,
+    CacheItem,
+    DataTier,
+    InProcessTier,
+    Lease,
+    ReadThroughCache,
+    Tier,
+    make_key,
+)
+from fastdata.cache.tier import missing_members
 from fastdata.config import CacheConfig
 from fastdata.errors import ConfigError
 
@@ -147,6 +157,45 @@ class TierContract:
 
     def test_is_a_tier(self, tier: Tier) -> None:
         assert isinstance(tier, Tier)
+
+    def test_declares_its_capabilities(self, tier: Tier) -> None:
+        # What the chain asks instead of the class (fastdata.cache.tier, capabilities).
+        assert isinstance(tier, DataTier)
+        assert isinstance(tier, AdminTier)
+        assert type(tier.in_process) is bool
+        assert missing_members(tier) == []
+        if tier.in_process:
+            assert isinstance(tier, InProcessTier)
+
+    def test_an_in_process_tier_says_what_it_holds_without_counting(self, tier: Tier) -> None:
+        if not tier.in_process:
+            pytest.skip("not in process: the tier declares no holds()")
+        assert isinstance(tier, InProcessTier)
+        tier.put_many([item(1), item(2)])
+        before = tier.stats()
+        keys = [make_key(DATASET, 1), make_key(DATASET, 2)]
+        assert tier.holds(keys, [fingerprint(1), fingerprint(2)])
+        assert not tier.holds([*keys, make_key(DATASET, 3)], [*map(fingerprint, (1, 2, 3))])
+        assert not tier.holds(keys[:1], [fingerprint(1, version=1)])  # stale is not held
+        after = tier.stats()
+        assert (after.hits, after.misses, after.stale) == (before.hits, before.misses, 0)
+
+    def test_the_chain_writes_it_as_its_capability_says(self, tier: Tier) -> None:
+        source = FakeSource(20)
+        ids = list(range(20))
+        cache = ReadThroughCache([tier], source, config=CacheConfig())
+        with cache.get_many(ids) as lease:
+            got = [None if b is None else bytes(b) for b in lease.buffers]
+        assert got == [source.expected(i) for i in ids]
+        if tier.in_process:
+            # Written in the reading thread, as the lease closed; nothing queued.
+            assert cache.stats().writeback_records == 0
+        assert cache.flush(timeout_s=30)
+        assert read_all(tier, source.keys(ids), source.fingerprints(ids)) == got
+        if not tier.in_process:
+            assert cache.stats().writeback_records == 20  # by the write-behind thread
+        assert cache.in_memory(ids) is tier.in_process
+        assert source.reads == 1
 
     def test_get_many_returns_none_for_miss(self, tier: Tier) -> None:
         assert read_all(tier, [make_key(DATASET, 1)], [fingerprint(1)]) == [None]

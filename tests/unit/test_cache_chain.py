@@ -48,6 +48,44 @@ def test_fake_source_is_a_sample_source() -> None:
     assert isinstance(FakeSource(3), SampleSource)
 
 
+class _Partial:
+    """A RamTier's members, copied one by one, minus those named in ``without``."""
+
+    def __init__(self, tier: RamTier, *, without: Sequence[str], in_process: bool) -> None:
+        names = ["name", "get_many", "drop_corrupt", "put_many", "evict", "hint", "holds"]
+        names += ["register_dataset", "datasets", "clear", "stats", "close"]
+        for name in names:
+            if name not in without:
+                setattr(self, name, getattr(tier, name))
+        if "in_process" not in without:
+            self.in_process = in_process
+
+
+@pytest.mark.parametrize(
+    ("without", "in_process", "named"),
+    [
+        (["in_process"], False, "in_process"),
+        (["holds"], True, "holds"),
+        (["evict"], False, "evict"),
+    ],
+)
+def test_a_tier_lacking_a_member_or_capability_is_refused_by_name(
+    config: CacheConfig, without: list[str], in_process: bool, named: str
+) -> None:
+    tier = _Partial(RamTier(config), without=without, in_process=in_process)
+    with pytest.raises(ConfigError, match=f"lacks {named}"):
+        ReadThroughCache([tier], FakeSource(3), config=config)  # type: ignore[list-item]
+
+
+def test_a_tier_that_is_not_in_process_needs_no_holds(config: CacheConfig) -> None:
+    tier = _Partial(RamTier(config), without=["holds"], in_process=False)
+    with ReadThroughCache([tier], FakeSource(3), config=config) as cache:  # type: ignore[list-item]
+        assert not cache.in_memory([0, 1, 2])
+        cache.get_many([0, 1, 2]).close()
+        assert cache.flush(timeout_s=30)
+        assert cache.stats().writeback_records == 3  # written behind: it is not in process
+
+
 def test_forked_child_starts_with_fresh_locks_flights_and_counters(config: CacheConfig) -> None:
     import os
     import signal
@@ -57,7 +95,7 @@ def test_forked_child_starts_with_fresh_locks_flights_and_counters(config: Cache
     held, release = threading.Event(), threading.Event()
 
     def hold_the_lock() -> None:
-        with cache._lock:
+        with cache._flights._lock:
             held.set()
             release.wait(10)
 
@@ -153,7 +191,7 @@ def test_corrupt_lmdb_entry_is_dropped_counted_logged_and_refetched(
     lmdb_tier = LmdbTier(config)
     with ReadThroughCache([lmdb_tier], source, config=config) as cache:
         records(cache, list(range(10)))
-        handle = lmdb_tier._get_handle()
+        handle = lmdb_tier._core.get_handle()
         assert handle is not None
         key = make_key(DATASET, 3)
         with handle.env.begin(write=True, db=handle.records) as txn:
@@ -171,7 +209,7 @@ def test_corrupt_lmdb_entry_is_dropped_counted_logged_and_refetched(
 
 def _flip_lmdb_record_byte(tier: LmdbTier, sample_id: int) -> None:
     """Flip one payload byte of a cached record: its entry header stays sound."""
-    handle = tier._get_handle()
+    handle = tier._core.get_handle()
     assert handle is not None
     key = make_key(DATASET, sample_id)
     with handle.env.begin(write=True, db=handle.records) as txn:
@@ -308,7 +346,7 @@ def test_concurrent_misses_for_the_same_key_fetch_once(config: CacheConfig) -> N
         ]
         for t in threads:
             t.start()
-        while sum(1 for _ in cache._inflight) < 32:
+        while sum(1 for _ in cache._flights._inflight) < 32:
             threading.Event().wait(0.01)
         threading.Event().wait(0.1)
         source.gate.set()
@@ -336,7 +374,7 @@ def test_failed_owner_fetch_lets_each_waiter_fetch_for_itself(config: CacheConfi
         threads = [threading.Thread(target=read) for _ in range(3)]
         for t in threads:
             t.start()
-        while len(cache._inflight) < 2:
+        while len(cache._flights._inflight) < 2:
             threading.Event().wait(0.01)
         threading.Event().wait(0.1)
         source.gate.set()
@@ -470,7 +508,7 @@ def test_lease_holds_the_lmdb_read_transaction_until_closed(config: CacheConfig)
     lmdb_tier = LmdbTier(config)
     with ReadThroughCache([lmdb_tier], FakeSource(10), config=config) as cache:
         records(cache, [1])
-        handle = lmdb_tier._get_handle()
+        handle = lmdb_tier._core.get_handle()
         assert handle is not None
         before = handle.env.readers()
         lease = cache.get_many([1])

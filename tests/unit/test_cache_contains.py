@@ -65,7 +65,7 @@ def test_contains_many_does_not_read_large_records(tier: LmdbTier) -> None:
     tier.put_many([item(i, size=BIG) for i in range(4)])
     keys = [make_key(DATASET, i) for i in range(4)]
     fps = [fingerprint(i) for i in range(4)]
-    handle = tier._get_handle()
+    handle = tier._core.get_handle()
     assert handle is not None
     with handle.env.begin(db=handle.records, buffers=True) as txn:
         spans = value_spans(handle, txn, keys)
@@ -88,7 +88,7 @@ def test_contains_many_does_not_read_large_records(tier: LmdbTier) -> None:
 def test_contains_many_sees_a_broken_header_as_absent(tier: LmdbTier) -> None:
     tier.put_many([item(0, size=BIG)])
     key, fp = make_key(DATASET, 0), fingerprint(0)
-    handle = tier._get_handle()
+    handle = tier._core.get_handle()
     assert handle is not None
     with handle.env.begin(db=handle.records, buffers=True) as txn:
         (span,) = value_spans(handle, txn, [key])

@@ -62,7 +62,7 @@ for version in range(3):
                 wrong += 1
 write_started = time.monotonic()
 admitted = tier.put_many([item(10_000 + os.getpid() % 1000)])
-handle = tier._get_handle()
+handle = tier._core.get_handle()
 readers = handle.env.readers()
 print(json.dumps({{
     "open_s": opened - started, "present": present, "wrong": wrong,

@@ -21,6 +21,8 @@ import pytest
 
 from fastdata.cache import CacheItem, LmdbTier, ReadThroughCache, make_key
 from fastdata.cache.lmdb import _env as _lmdb_env
+from fastdata.cache.lmdb import _gate as _lmdb_gate
+from fastdata.cache.lmdb._write import LmdbWrites
 from fastdata.config import CacheConfig
 from tests.contracts.tier_contract import (
     DATASET,
@@ -152,7 +154,7 @@ def test_enospc_in_the_write_itself_turns_writes_off_with_one_warning(
     disk = tmpfs("8m")
     # The free-space check passes, as when another process fills the disk between the
     # check and the commit: LMDB's commit then fails (ENOSPC, or EIO for a short write).
-    monkeypatch.setattr(LmdbTier, "_disk_room", lambda self, handle, in_use: 1 << 40)
+    monkeypatch.setattr(LmdbWrites, "_disk_room", lambda self, handle, in_use: 1 << 40)
     source = FakeSource(SAMPLES, size=40_000)  # 16 MB for an 8 MiB filesystem
     config = config_in(disk / "cache")
     tier = LmdbTier(config)
@@ -212,13 +214,13 @@ def _do(site: str, tier: LmdbTier, handle: _lmdb_env.EnvHandle) -> None:
     elif site == "evict":
         assert tier.evict([key]) == 0
     elif site == "stamp":
-        tier._stamped.clear()  # the once-a-minute access stamp is due again
+        tier._meta.stamped.clear()  # the once-a-minute access stamp is due again
         with tier.get_many([key], [fingerprint(1)]) as lease:
             assert bytes(lease.buffers[0]) == make_record(1)
     elif site == "drop_corrupt":
         assert tier.drop_corrupt([make_key(DATASET, 7)]) == 1  # found, not deleted
     else:
-        tier._flush_node_counters(handle)
+        tier._meta.flush_node_counters(handle)
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EIO])
@@ -231,8 +233,8 @@ def test_a_write_error_anywhere_turns_writes_off_and_reads_go_on(
         assert tier.put_many([item(i) for i in range(5)]) == 5
         bad = CacheItem(make_key(DATASET, 7), fingerprint(7), corrupt_record(7))
         assert tier.put_many([bad]) == 1
-        tier._stats.add(hits=1)  # something for the node counters to flush
-        handle = tier._get_handle()
+        tier._core.recorder.add(hits=1)  # something for the node counters to flush
+        handle = tier._core.get_handle()
         assert handle is not None
         failing = _FailingWrites(handle.env, _lmdb_error(code))
         handle.env = failing
@@ -264,7 +266,7 @@ def test_another_lmdb_write_error_only_pauses_writes(
 ) -> None:
     config = config_in(tmp_path / "cache", degraded_retry_s=0.0)
     with caplog.at_level(logging.WARNING), LmdbTier(config) as tier:
-        handle = tier._get_handle()
+        handle = tier._core.get_handle()
         assert handle is not None
         failing = _FailingWrites(handle.env, lmdb.BadTxnError("mdb_txn_begin: MDB_BAD_TXN"))
         handle.env = failing
@@ -305,7 +307,7 @@ def test_no_room_for_the_lock_file_opens_the_warm_cache_read_only(
     def no_room(path: Path) -> Any:
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(_lmdb_env, "flocked", no_room)
+    monkeypatch.setattr(_lmdb_gate, "flocked", no_room)
     tier = LmdbTier(config)
     with caplog.at_level(logging.WARNING), ReadThroughCache([tier], source, config=config) as cache:
         assert cold_epoch(cache, source) == 40

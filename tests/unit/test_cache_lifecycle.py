@@ -15,6 +15,7 @@ import pytest
 from fastdata import record
 from fastdata.cache import LmdbTier
 from fastdata.cache.lmdb import _env as _lmdb_env
+from fastdata.cache.lmdb import _handle as _lmdb_handle
 from fastdata.cache.lmdb._readahead import Readahead
 from fastdata.config import CacheConfig
 from tests.contracts.tier_contract import item, read_all
@@ -74,7 +75,7 @@ def test_failing_readahead_is_no_advice_and_the_read_still_hits(
         raise OSError(5, "Input/output error")
 
     with LmdbTier(config_in(root, page_readahead="always")) as tier:
-        handle = tier._get_handle()  # opened first: the open advises the file too
+        handle = tier._core.get_handle()  # opened first: the open advises the file too
         assert handle is not None
         monkeypatch.setattr(os, "posix_fadvise", broken_advice)
         assert read_all(tier, KEYS, FINGERPRINTS) == RECORDS
@@ -89,7 +90,7 @@ def test_foreign_error_in_a_read_falls_through_and_ends_the_transaction(
         raise RuntimeError("cannot schedule new futures after shutdown")
 
     tier = LmdbTier(config_in(root))
-    handle = tier._get_handle()
+    handle = tier._core.get_handle()
     assert handle is not None
     monkeypatch.setattr(record, "verify_many", broken_verify)
     with caplog.at_level(logging.WARNING, logger="fastdata.cache.lmdb"):
@@ -115,7 +116,7 @@ def test_unreadable_headers_make_contains_many_answer_false_not_raise(
         raise OSError(5, "Input/output error")
 
     with LmdbTier(config_in(root)) as tier:
-        handle = tier._get_handle()
+        handle = tier._core.get_handle()
         assert handle is not None
         assert tier.contains_many(KEYS[:3], FINGERPRINTS[:3]) == [True] * 3
         monkeypatch.setattr(os, "pread", broken_pread)
@@ -144,7 +145,7 @@ def test_a_failing_hint_is_logged_and_the_next_hint_still_advises(
         deadline = time.monotonic() + 10
         while not calls and time.monotonic() < deadline:
             time.sleep(0.01)
-        while tier._readahead._draining and time.monotonic() < deadline:
+        while tier._reads.readahead._draining and time.monotonic() < deadline:
             time.sleep(0.01)
         tier.hint(KEYS[6:])
         while len(calls) < 2 and time.monotonic() < deadline:
@@ -172,7 +173,7 @@ def test_closed_lmdb_tier_never_reopens_its_environment(
         assert tier.clear() == 0
         tier.hint(KEYS)
     assert caplog.records == []  # no "already open", no degradation, nothing reopened
-    assert tier._handle is None
+    assert tier._core.handle is None
     assert root not in _lmdb_env._HANDLES
     assert data_fds(root) == 0
     stats = tier.stats()
@@ -188,7 +189,7 @@ def test_closed_readahead_starts_no_threads(root: Path) -> None:
     assert readahead_threads() > 0  # the pool advised the batch
     tier.close()
     assert readahead_threads() == 0
-    assert tier._readahead.executor() is None
+    assert tier._reads.readahead.executor() is None
     read_all(tier, KEYS, FINGERPRINTS)
     tier.hint(KEYS)
     assert readahead_threads() == 0
@@ -207,10 +208,10 @@ def test_closed_readahead_starts_no_threads(root: Path) -> None:
 def test_environment_released_with_a_lease_open_closes_with_that_lease(
     root: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(_lmdb_env, "_RESIZE_WAIT_S", 0.2)
+    monkeypatch.setattr(_lmdb_handle, "RESIZE_WAIT_S", 0.2)
     tier = LmdbTier(config_in(root))
     lease = tier.get_many(KEYS, FINGERPRINTS)
-    handle = tier._get_handle()
+    handle = tier._core.get_handle()
     assert handle is not None
     with caplog.at_level(logging.WARNING, logger="fastdata.cache.lmdb._env"):
         tier.close()
@@ -227,17 +228,17 @@ def test_environment_released_with_a_lease_open_closes_with_that_lease(
 def test_a_pending_close_is_taken_back_by_the_next_tier_on_the_directory(
     root: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(_lmdb_env, "_RESIZE_WAIT_S", 0.2)
+    monkeypatch.setattr(_lmdb_handle, "RESIZE_WAIT_S", 0.2)
     first = LmdbTier(config_in(root))
     lease = first.get_many(KEYS, FINGERPRINTS)
-    handle = first._get_handle()
+    handle = first._core.get_handle()
     first.close()
     with caplog.at_level(logging.WARNING, logger="fastdata.cache"):
         second = LmdbTier(config_in(root))
         assert read_all(second, KEYS, FINGERPRINTS) == RECORDS
     assert "already open" not in caplog.text
     assert second.stats().state == "ok"
-    assert second._get_handle() is handle
+    assert second._core.get_handle() is handle
     lease.close()
     assert not handle.closed  # the second tier holds it now
     assert read_all(second, KEYS[:1], FINGERPRINTS[:1]) == RECORDS[:1]

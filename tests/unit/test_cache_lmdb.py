@@ -18,7 +18,11 @@ import pytest
 
 from fastdata.cache import LmdbTier, RamTier, ReadThroughCache, make_key
 from fastdata.cache.lmdb import _env as _lmdb_env
+from fastdata.cache.lmdb._core import LmdbCore
+from fastdata.cache.lmdb._meta import LmdbMeta
+from fastdata.cache.lmdb._read import LmdbReads
 from fastdata.cache.lmdb._readahead import Readahead, is_resident, value_spans
+from fastdata.cache.lmdb._write import LmdbWrites
 from fastdata.config import CacheConfig
 from fastdata.errors import CacheError
 from tests.contracts.tier_contract import (
@@ -89,6 +93,15 @@ def run_python(
 
 
 # -- privacy ------------------------------------------------------------------------------
+
+
+def test_lmdb_tier_holds_its_parts_instead_of_inheriting_them() -> None:
+    """Issue 19, move 3: the tier delegates to its parts (core, metadata, reads, writes)
+    method by method; no mixin chain, no ``__getattr__``."""
+    assert len(LmdbTier.__mro__) <= 3
+    assert "__getattr__" not in vars(LmdbTier)
+    for part in (LmdbCore, LmdbMeta, LmdbReads, LmdbWrites):
+        assert part.__mro__ == (part, object)
 
 
 def test_directory_is_0700_and_files_0600(tier: LmdbTier) -> None:
@@ -168,7 +181,7 @@ def test_map_grows_as_needed_up_to_the_budget(tmp_path: Path) -> None:
     budget = 512 * 1024**2
     with LmdbTier(config_in(tmp_path / "cache", max_bytes=budget)) as t:
         t.put_many([item(0)])
-        handle = t._get_handle()
+        handle = t._core.get_handle()
         assert handle is not None
         first = handle.map_size
         assert first < budget
@@ -196,7 +209,7 @@ def test_another_process_growing_the_map_is_adopted(tmp_path: Path) -> None:
     root = tmp_path / "cache"
     with LmdbTier(config_in(root, max_bytes=512 * 1024**2)) as t:
         t.put_many([item(0)])
-        handle = t._get_handle()
+        handle = t._core.get_handle()
         assert handle is not None
         small = handle.map_size
         grow = (
@@ -250,7 +263,7 @@ def test_disk_full_rejects_writes_warns_once_and_keeps_reading(
     disk = tmpfs("12m")
     # The free-space check passes, as when another process fills the disk between the
     # check and the write: the write itself then fails with ENOSPC.
-    monkeypatch.setattr(LmdbTier, "_disk_room", lambda self, handle, in_use: 1 << 40)
+    monkeypatch.setattr(LmdbWrites, "_disk_room", lambda self, handle, in_use: 1 << 40)
     with (
         caplog.at_level(logging.WARNING),
         LmdbTier(config_in(disk / "cache", max_bytes=1024**3)) as t,
@@ -336,7 +349,7 @@ def test_a_batch_mixing_current_stale_missing_and_corrupt_entries_is_classified(
     # NOTE[lmdb-bulk-header]: an all-current batch takes one bulk header check; any other
     # entry sends the whole batch through the per-entry classification.
     tier.put_many([item(i) for i in range(6)])
-    handle = tier._get_handle()
+    handle = tier._core.get_handle()
     assert handle is not None
     with handle.env.begin(write=True, db=handle.records) as txn:  # corrupt entry 4's header
         value = bytearray(txn.get(make_key(DATASET, 4)))
@@ -358,7 +371,7 @@ def test_a_batch_mixing_current_stale_missing_and_corrupt_entries_is_classified(
 
 def test_writemap_is_never_used(tier: LmdbTier) -> None:
     tier.put_many([item(1)])
-    handle = tier._get_handle()
+    handle = tier._core.get_handle()
     assert handle is not None
     assert handle.env.flags()["writemap"] is False
 
@@ -452,13 +465,13 @@ def _in_child(body) -> int:  # type: ignore[no-untyped-def]
 
 def test_forked_child_opens_its_own_environment(tier: LmdbTier) -> None:
     tier.put_many([item(i) for i in range(10)])
-    parent_handle = tier._get_handle()
+    parent_handle = tier._core.get_handle()
 
     def child() -> bool:
         got = read_all(
             tier, [make_key(DATASET, i) for i in range(10)], [fingerprint(i) for i in range(10)]
         )
-        handle = tier._get_handle()
+        handle = tier._core.get_handle()
         ok = got == [make_record(i) for i in range(10)]
         ok = ok and handle is not None and handle is not parent_handle and handle.pid == os.getpid()
         return ok and tier.put_many([item(i) for i in range(10, 20)]) == 10
@@ -468,7 +481,7 @@ def test_forked_child_opens_its_own_environment(tier: LmdbTier) -> None:
         tier, [make_key(DATASET, i) for i in range(20)], [fingerprint(i) for i in range(20)]
     )
     assert got == [make_record(i) for i in range(20)]
-    assert parent_handle is tier._get_handle()
+    assert parent_handle is tier._core.get_handle()
     assert (
         str(os.getpid()) in parent_handle.env.readers()
         or "(no active readers)" in parent_handle.env.readers()
@@ -496,7 +509,7 @@ from fastdata.config import CacheConfig
 from tests.contracts.tier_contract import DATASET, fingerprint, item
 t = LmdbTier(CacheConfig(dir=sys.argv[1] if len(sys.argv) > 1 else {root!r}, min_free_bytes=0))
 t.put_many([item(1)])
-handle = t._get_handle()
+handle = t._core.get_handle()
 if {write!r}:
     txn = handle.env.begin(write=True)
     txn.put(b"held", b"x", db=handle.meta)
@@ -528,7 +541,7 @@ def test_killed_holder_never_blocks_the_next_process(tmp_path: Path, write: bool
     with LmdbTier(config_in(root)) as t:
         assert t.put_many([item(i) for i in range(5)]) == 5
         assert read_all(t, [make_key(DATASET, 4)], [fingerprint(4)]) == [make_record(4)]
-        handle = t._get_handle()
+        handle = t._core.get_handle()
         assert handle is not None
         assert str(proc.pid) not in handle.env.readers()
     assert time.monotonic() - started < 10
@@ -605,7 +618,7 @@ def test_value_spans_point_at_the_values_without_reading_them(tmp_path: Path) ->
     with LmdbTier(config_in(root)) as t:
         t.put_many(items)
     with LmdbTier(config_in(root)) as t:
-        handle = t._get_handle()
+        handle = t._core.get_handle()
         assert handle is not None
         assert handle.map_base
         os.posix_fadvise(handle.data_fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -633,13 +646,13 @@ def test_auto_readahead_turns_on_for_a_cold_cache_and_off_for_a_warm_one(tmp_pat
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     os.close(fd)
     with LmdbTier(config_in(root)) as t:
-        assert not t._readahead.cold
+        assert not t._reads.readahead.cold
         read_all(t, [it.key for it in items[:10]], [it.fingerprint for it in items[:10]])
-        assert t._readahead.cold
+        assert t._reads.readahead.cold
         for _ in range(12):
             got = read_all(t, [it.key for it in items[:30]], [it.fingerprint for it in items[:30]])
         assert got == [bytes(it.record) for it in items[:30]]
-        assert not t._readahead.cold
+        assert not t._reads.readahead.cold
 
 
 def _address(view: memoryview) -> int:

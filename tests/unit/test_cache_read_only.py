@@ -1,4 +1,4 @@
-"""Read-only and broken cache directories (NOTE[lmdb-read-only] in ``_env.py``).
+"""Read-only and broken cache directories (NOTE[lmdb-read-only] in ``_open.py``).
 
 A warm cache on a read-only mount serves hits (LMDB opened read-only, without a lock
 file); a read-only or uncreatable directory without a cache falls through to the store
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from fastdata.cache import LmdbTier, ReadThroughCache, default_tiers
-from fastdata.cache.lmdb import _env as _lmdb_env
+from fastdata.cache.lmdb import _gate as _lmdb_gate
 from fastdata.config import CacheConfig
 from fastdata.errors import CacheError
 from tests.contracts.tier_contract import FakeSource, item
@@ -148,7 +148,7 @@ def test_lock_file_refused_opens_the_warm_cache_read_only(
     def refuse(path: Path) -> Any:
         raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
-    monkeypatch.setattr(_lmdb_env, "flocked", refuse)
+    monkeypatch.setattr(_lmdb_gate, "flocked", refuse)
     config = config_in(tmp_path / "cache", ram_bytes=0)
     tier = LmdbTier(config)
     with caplog.at_level(logging.WARNING), ReadThroughCache([tier], source, config=config) as cache:
@@ -156,7 +156,7 @@ def test_lock_file_refused_opens_the_warm_cache_read_only(
         stats = tier.stats()
         assert stats.hits == SAMPLES
         assert stats.read_only
-        handle = tier._get_handle()
+        handle = tier._core.get_handle()
         assert handle is not None
         assert handle.env.flags()["lock"] is False
         assert handle.env.flags()["readonly"] is True
@@ -171,7 +171,7 @@ def test_read_only_directory_without_a_cache_falls_through_with_one_warning(
     def refuse(path: Path) -> Any:
         raise OSError(code, os.strerror(code), str(path))
 
-    monkeypatch.setattr(_lmdb_env, "flocked", refuse)
+    monkeypatch.setattr(_lmdb_gate, "flocked", refuse)
     source = FakeSource(20)
     config = config_in(tmp_path / "cache", ram_bytes=0)
     with (

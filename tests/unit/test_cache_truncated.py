@@ -182,7 +182,7 @@ print(json.dumps({{"bad": bad, "hits": hits, "warnings": warnings}}), flush=True
 
 
 def test_file_truncated_while_another_process_has_it_mapped(tmp_path: Path) -> None:
-    """NOTE[lmdb-shrink] in ``_env.py``: the tier checks the data file's length before
+    """NOTE[lmdb-shrink] in ``_handle.py``: the tier checks the data file's length before
     every call, so a file cut while a process has it mapped is caught by that process
     at its next call. A cut that races a read inside one call cannot be caught by any
     check, so the cuts here land between calls (the reader waits for the parent)."""

@@ -87,7 +87,7 @@ def test_a_failed_batch_writes_nothing_and_holds_no_lease(tmp_path: Path) -> Non
             pass
         else:
             raise AssertionError("the source failure did not reach the caller")
-        handle = tier._get_handle()
+        handle = tier._core.get_handle()
         assert handle is not None
         assert not handle.gate.holds_shared()
         assert tier.stats().entries == 0

@@ -3,8 +3,11 @@ process on the node, bounded, crash- and fork-safe (docs/cache.md).
 
 :class:`LmdbTier` is put together from parts, one job each:
 
-- ``_env.py``: the environment: open, gate, resize, fork, close, quarantine
-  (NOTE[lmdb-gate], NOTE[lmdb-fork], NOTE[lmdb-close], NOTE[lmdb-crash]);
+- ``_env.py``: this process's environments: the registry, the deferred close and the
+  fork hooks (NOTE[lmdb-fork], NOTE[lmdb-close]), over ``_gate.py`` (the gate and the
+  flock, NOTE[lmdb-gate]), ``_handle.py`` (one open environment and its map,
+  NOTE[lmdb-shrink]), ``_open.py`` (the open path, NOTE[lmdb-crash],
+  NOTE[lmdb-read-only]) and ``_damage.py`` (quarantine, writes off);
 - ``_core.py``: the tier's shared state, degradation and writes off
   (NOTE[lmdb-write-off]);
 - ``_meta.py``: the dataset registry, access stamps, node counters

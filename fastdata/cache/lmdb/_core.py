@@ -1,18 +1,20 @@
 """The LMDB tier's core: its state, the environment handle it borrows, and its health.
 
-:class:`LmdbCore` holds the state every part of the tier shares (each part sets its own
-in its ``_reset``, again in a forked child), opens the environment lazily
-(``_get_handle``; the environment itself is ``_env.py``'s), and turns faults into
-degraded modes instead of errors: a cache that cannot be opened or read falls through
-for ``degraded_retry_s`` (``_degrade``), a damaged one is moved aside (``_quarantined``),
-and a failed write pauses or turns off the directory's writes (``_write_fault``,
-NOTE[lmdb-write-off]). The write-off state lives here rather than in the write path
-because reads write too: a read deletes the corrupt entries it finds, stamps the
-datasets it reads and saves the node counters.
+:class:`LmdbCore` is the one object every part of the tier is given (the tier holds it
+and its parts; nobody inherits from it). It holds what they share: the config, the
+cache directory, this process's counters (``recorder``), the handle, which it opens
+lazily (:meth:`~LmdbCore.get_handle`; the environment itself is ``_env.py``'s), and the
+tier's health: it turns faults into degraded modes instead of errors. A cache that
+cannot be opened or read falls through for ``degraded_retry_s`` (``degrade``), a
+damaged one is moved aside (``_quarantined``), and a failed write pauses or turns off
+the directory's writes (``write_fault``, NOTE[lmdb-write-off]). The write-off state
+lives here rather than in the write path because reads write too: a read deletes the
+corrupt entries it finds, stamps the datasets it reads and saves the node counters.
 
-The jobs on top: ``_meta.py`` (dataset registry, access stamps, node counters),
-``_read.py`` (lookups, leases, readahead), ``_write.py`` (admission, map
-growth, batched puts, deletes); ``lmdb_tier.py`` puts them together as ``LmdbTier``.
+The parts given it: ``_meta.py`` (dataset registry, access stamps, node counters),
+``_read.py`` (lookups, leases, readahead), ``_write.py`` (admission, map growth,
+batched puts, deletes); ``_tier.py``'s ``LmdbTier`` holds them and delegates to them.
+Each part sets its own per-process state in its ``_reset``, again in a forked child.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Literal
 
 import lmdb
 
@@ -44,9 +46,16 @@ WriteState = Literal["ok", "budget_full", "disk_full", "read_only", "unavailable
 
 
 class LmdbCore:
-    """The state and health every part of :class:`~fastdata.cache.LmdbTier` shares."""
+    """The state and health every part of :class:`~fastdata.cache.LmdbTier` shares.
 
-    name = "lmdb"
+    Args:
+        config: Cache settings.
+        clock: Wall-clock source for dataset access times.
+
+    Raises:
+        ConfigError: ``config`` is not a :class:`CacheConfig`.
+        CacheError: The cache directory belongs to another user.
+    """
 
     def __init__(
         self, config: CacheConfig | None = None, *, clock: Callable[[], float] = time.time
@@ -61,35 +70,29 @@ class LmdbCore:
         except OSError as exc:
             # Not fatal: the first call fails to open it, warns once and falls through.
             _log.debug("cache directory %s not usable now: %s", self.root, exc)
-        self._clock = clock
-        self._handle: _lmdb_env.EnvHandle | None = None
-        self._closed = False  # NOTE[tier-closed]: kept across fork, never reset
+        self.clock = clock
+        self.handle: _lmdb_env.EnvHandle | None = None
+        self.closed = False  # NOTE[tier-closed]: kept across fork, never reset
         self._reset()
         reset_in_forked_child(self)  # NOTE[lmdb-fork]: locks held by other threads stay held
 
     def _reset(self) -> None:
-        """Set this process's state; again in a forked child (NOTE[lmdb-fork]). Each
-        part of the tier sets its own state in its ``_reset`` and calls this one."""
-        self._lock = threading.Lock()
-        self._stats = StatsRecorder()
+        """Set this process's state; again in a forked child (NOTE[lmdb-fork])."""
+        self.lock = threading.Lock()
+        self.recorder = StatsRecorder()
         self._retry_at = 0.0
-        self._writes_retry_at = 0.0
-        self._state = "ok"
+        self.writes_retry_at = 0.0
+        self.state = "ok"
         self._warned: set[str] = set()
         self._next_inode_check = 0.0
         self._damage_seen: _lmdb_env.EnvHandle | None = None
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"config": self.config}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        # Unpickling runs __init__ again on purpose: it reopens what __getstate__ dropped.
-        self.__init__(state["config"])  # type: ignore[misc]
-
-    def _get_handle(self) -> _lmdb_env.EnvHandle | None:
-        if self._closed:  # NOTE[tier-closed]
+    def get_handle(self) -> _lmdb_env.EnvHandle | None:
+        """This process's handle, opened (or reopened) if needed; ``None`` to fall
+        through (closed, degraded, or the environment cannot be opened now)."""
+        if self.closed:  # NOTE[tier-closed]
             return None
-        handle = self._handle
+        handle = self.handle
         now = time.monotonic()
         if handle is not None and this_process(handle.pid) and not handle.closed:
             damage = handle.damage()  # NOTE[lmdb-shrink]: one fstat per call
@@ -103,14 +106,14 @@ class LmdbCore:
                 self._next_inode_check = now + _INODE_CHECK_S
                 if handle.is_current():
                     return handle
-        with self._lock:
-            if self._closed:
+        with self.lock:
+            if self.closed:
                 return None
-            if self._handle is not handle:
-                return self._handle
+            if self.handle is not handle:
+                return self.handle
             if now < self._retry_at:
                 return None
-            self._handle = None
+            self.handle = None
             if handle is not None and this_process(handle.pid):  # NOTE[fork]
                 _lmdb_env.release(handle)
             budget = map_budget_bytes(self.config.max_bytes, self.config.lmdb_max_readers)
@@ -122,19 +125,19 @@ class LmdbCore:
                     readahead=False,
                 )
             except _lmdb_env.EnvUnavailable as exc:
-                self._degrade("open", str(exc))
+                self.degrade("open", str(exc))
                 return None
-            self._handle = handle
-            self._state = "ok"
+            self.handle = handle
+            self.state = "ok"
             return handle
 
-    def _degrade(self, kind: str, reason: str) -> None:
-        if self._closed:  # a call that raced close(): nothing to retry
+    def degrade(self, kind: str, reason: str) -> None:
+        if self.closed:  # a call that raced close(): nothing to retry
             _log.debug("LMDB cache %s closed during a call: %s", self.root, reason)
             return
         self._retry_at = time.monotonic() + self.config.degraded_retry_s
-        self._state = f"degraded: {reason}"
-        self._warn_once(
+        self.state = f"degraded: {reason}"
+        self.warn_once(
             kind,
             "LMDB cache %s unavailable (%s); reads fall through to the next tier and the "
             "store, retrying in %.0f s (see stats().fall_throughs)",
@@ -143,7 +146,7 @@ class LmdbCore:
             self.config.degraded_retry_s,
         )
 
-    def _warn_once(self, kind: str, message: str, *args: object) -> None:
+    def warn_once(self, kind: str, message: str, *args: object) -> None:
         if kind in self._warned:
             _log.debug(message, *args)
         else:
@@ -151,8 +154,8 @@ class LmdbCore:
             _log.warning(message, *args)
 
     def _pause_writes(self, reason: str) -> None:
-        self._writes_retry_at = time.monotonic() + self.config.degraded_retry_s
-        self._warn_once(
+        self.writes_retry_at = time.monotonic() + self.config.degraded_retry_s
+        self.warn_once(
             "write",
             "LMDB cache %s cannot store records (%s); serving what it holds and not "
             "admitting new records for %.0f s (see stats().rejections)",
@@ -161,15 +164,15 @@ class LmdbCore:
             self.config.degraded_retry_s,
         )
 
-    def _writes_blocked(self, handle: _lmdb_env.EnvHandle) -> bool:
+    def writes_blocked(self, handle: _lmdb_env.EnvHandle) -> bool:
         """Whether no write may be tried now: read-only, writes off, or paused."""
         return (
             bool(handle.read_only)
             or _lmdb_env.writes_off(self.root) is not None
-            or time.monotonic() < self._writes_retry_at
+            or time.monotonic() < self.writes_retry_at
         )
 
-    def _write_fault(self, exc: BaseException) -> None:
+    def write_fault(self, exc: BaseException) -> None:
         """A write failed; counted in ``write_errors``.
 
         NOTE[lmdb-write-off]: a full filesystem (``ENOSPC``, ``EDQUOT``), an I/O error
@@ -181,7 +184,7 @@ class LmdbCore:
         costs the copy of the batch into LMDB's dirty pages). Other LMDB errors pause
         writes for ``degraded_retry_s``.
         """
-        self._stats.add(write_errors=1)
+        self.recorder.add(write_errors=1)
         code = exc.errno if isinstance(exc, OSError) else getattr(exc, "code", None)
         reason = f"{type(exc).__name__}: {exc}"
         free = self.disk_free_bytes()
@@ -224,19 +227,19 @@ class LmdbCore:
             return None
         return vfs.f_bavail * vfs.f_frsize
 
-    def _structural_fault(self, handle: _lmdb_env.EnvHandle, exc: BaseException) -> None:
+    def structural_fault(self, handle: _lmdb_env.EnvHandle, exc: BaseException) -> None:
         if isinstance(exc, lmdb.PanicError):
             # LMDB's fatal error in this process (a failed meta write): the files are
             # not to blame; the next call opens the environment again.
             handle.failed = f"{type(exc).__name__}: {exc}"
             self._next_inode_check = 0.0
-            self._write_fault(exc)
+            self.write_fault(exc)
             return
         if isinstance(exc, _lmdb_env.CORRUPT_ERRORS):
             if self._quarantined(handle, f"{type(exc).__name__}: {exc}"):
-                self._warn_once("corrupt-file", "LMDB cache %s was corrupt: %s", self.root, exc)
+                self.warn_once("corrupt-file", "LMDB cache %s was corrupt: %s", self.root, exc)
             return
-        self._degrade("read", f"{type(exc).__name__}: {exc}")
+        self.degrade("read", f"{type(exc).__name__}: {exc}")
 
     def _quarantined(self, handle: _lmdb_env.EnvHandle, reason: str) -> bool:
         """Move a damaged environment aside; ``False`` (and degraded) where it cannot be."""
@@ -244,9 +247,9 @@ class LmdbCore:
         try:
             _lmdb_env.quarantine_handle(handle, reason)
         except OSError as exc:
-            self._degrade("open", f"damaged ({reason}) and cannot be moved aside: {exc}")
+            self.degrade("open", f"damaged ({reason}) and cannot be moved aside: {exc}")
             return False
         if handle.read_only:
-            self._degrade("open", f"damaged ({reason}) and read-only, so not moved aside")
+            self.degrade("open", f"damaged ({reason}) and read-only, so not moved aside")
             return False
         return True

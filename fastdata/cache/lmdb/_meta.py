@@ -20,6 +20,7 @@ from typing import Any
 
 import lmdb
 
+from fastdata._fork import reset_in_forked_child
 from fastdata.cache.lmdb import _env as _lmdb_env
 from fastdata.cache.lmdb._core import LmdbCore
 from fastdata.cache.tier import (
@@ -43,20 +44,29 @@ _STAMP_EVERY_S = 60.0
 _DATASET_OF = operator.itemgetter(slice(0, DATASET_ID_BYTES))
 
 
-class LmdbMeta(LmdbCore):
-    """The registry, stamps and counters of :class:`~fastdata.cache.LmdbTier`."""
+class LmdbMeta:
+    """The registry, stamps and counters of :class:`~fastdata.cache.LmdbTier`.
+
+    Args:
+        core: The tier's shared state and health (its handle, counters, write-off state).
+    """
+
+    def __init__(self, core: LmdbCore) -> None:
+        self._core = core
+        self._reset()
+        reset_in_forked_child(self)  # NOTE[lmdb-fork]
 
     def _reset(self) -> None:
-        super()._reset()
-        self._stamped: dict[bytes, float] = {}
-        self._active: dict[bytes, float] = {}
+        """This process's stamps and saved counts; again in a forked child."""
+        self.stamped: dict[bytes, float] = {}
+        self.active: dict[bytes, float] = {}
         self._flush_lock = threading.Lock()
         self._flushed = dict.fromkeys(NODE_COUNTERS, 0)
 
-    def _update_meta(
+    def update_meta(
         self, handle: _lmdb_env.EnvHandle, txn: Any, per_dataset: dict[bytes, list[int]]
     ) -> None:
-        now = self._clock()
+        now = self._core.clock()
         for dataset_id, (entries, nbytes) in per_dataset.items():
             key = _DS_PREFIX + dataset_id
             old = txn.get(key, db=handle.meta)
@@ -67,34 +77,34 @@ class LmdbMeta(LmdbCore):
                 db=handle.meta,
             )
 
-    def _delete(self, handle: _lmdb_env.EnvHandle, txn: Any, key: bytes, value_len: int) -> None:
+    def delete(self, handle: _lmdb_env.EnvHandle, txn: Any, key: bytes, value_len: int) -> None:
         txn.delete(key, db=handle.records)
-        self._update_meta(handle, txn, {key[:DATASET_ID_BYTES]: [-1, -value_len]})
+        self.update_meta(handle, txn, {key[:DATASET_ID_BYTES]: [-1, -value_len]})
 
-    def _stamp(self, handle: _lmdb_env.EnvHandle, keys: Sequence[bytes]) -> None:
+    def stamp(self, handle: _lmdb_env.EnvHandle, keys: Sequence[bytes]) -> None:
         """Record (at most once a minute per dataset) that this process reads a dataset."""
-        now = self._clock()
+        now = self._core.clock()
         seen = set(map(_DATASET_OF, keys))
         for d in seen:
-            self._active[d] = now
-        due = [d for d in seen if now - self._stamped.get(d, -1e18) > _STAMP_EVERY_S]
-        if not due or self._writes_blocked(handle):
+            self.active[d] = now
+        due = [d for d in seen if now - self.stamped.get(d, -1e18) > _STAMP_EVERY_S]
+        if not due or self._core.writes_blocked(handle):
             return
         for d in due:
-            self._stamped[d] = now
+            self.stamped[d] = now
         try:
             with self._flush_lock:
                 with handle.shared(), handle.env.begin(write=True) as txn:
-                    self._update_meta(handle, txn, {d: [0, 0] for d in due})
+                    self.update_meta(handle, txn, {d: [0, 0] for d in due})
                     flushed = self._add_node_counters(handle, txn)
                 self._flushed = flushed
         except lmdb.Error as exc:
-            self._write_fault(exc)
+            self._core.write_fault(exc)
 
     def _add_node_counters(self, handle: _lmdb_env.EnvHandle, txn: Any) -> dict[str, int]:
         """Add this process's unsaved counts to the node-wide ones (call under
         ``_flush_lock``; NOTE[lmdb-node-counters]). Returns the counts now saved."""
-        snap = self._stats.snapshot()
+        snap = self._core.recorder.snapshot()
         current = {name: getattr(snap, name) for name in NODE_COUNTERS}
         deltas = [current[name] - self._flushed[name] for name in NODE_COUNTERS]
         if any(deltas):
@@ -104,20 +114,20 @@ class LmdbMeta(LmdbCore):
             txn.put(_COUNTERS_KEY, _COUNTERS_STRUCT.pack(*total), db=handle.meta)
         return current
 
-    def _flush_node_counters(self, handle: _lmdb_env.EnvHandle) -> None:
-        if self._writes_blocked(handle) or not handle.is_current():
+    def flush_node_counters(self, handle: _lmdb_env.EnvHandle) -> None:
+        if self._core.writes_blocked(handle) or not handle.is_current():
             return
         try:
             with self._flush_lock:
-                snap = self._stats.snapshot()
+                snap = self._core.recorder.snapshot()
                 if all(getattr(snap, n) == self._flushed[n] for n in NODE_COUNTERS):
                     return
                 with handle.shared(), handle.env.begin(write=True) as txn:
                     flushed = self._add_node_counters(handle, txn)
                 self._flushed = flushed
         except lmdb.Error as exc:
-            _log.debug("could not save the node counters of %s: %s", self.root, exc)
-            self._write_fault(exc)
+            _log.debug("could not save the node counters of %s: %s", self._core.root, exc)
+            self._core.write_fault(exc)
 
     def node_counters(self) -> dict[str, int]:
         """Event counters of every process on the node, this one's unsaved counts included.
@@ -131,14 +141,14 @@ class LmdbMeta(LmdbCore):
             ``{name: count}`` for each of ``NODE_COUNTERS`` (zeros when unreadable).
         """
         saved = (0,) * len(NODE_COUNTERS)
-        handle = self._get_handle()
+        handle = self._core.get_handle()
         if handle is not None:
             try:
                 with handle.shared(), handle.env.begin(db=handle.meta) as txn:
                     saved = _node_counts(txn.get(_COUNTERS_KEY))
             except lmdb.Error as exc:
-                _log.debug("node counters of %s unreadable: %s", self.root, exc)
-        snap = self._stats.snapshot()
+                _log.debug("node counters of %s unreadable: %s", self._core.root, exc)
+        snap = self._core.recorder.snapshot()
         return {
             name: value + getattr(snap, name) - self._flushed[name]
             for name, value in zip(NODE_COUNTERS, saved, strict=True)
@@ -157,26 +167,28 @@ class LmdbMeta(LmdbCore):
         """
         check_dataset_id(dataset_id)
         num_samples = check_num_samples(num_samples)
-        handle = self._get_handle()
-        if handle is None or self._writes_blocked(handle):
+        handle = self._core.get_handle()
+        if handle is None or self._core.writes_blocked(handle):
             return False
         key = _DS_PREFIX + dataset_id
         try:
             with handle.shared(), handle.env.begin(write=True) as txn:
                 old = txn.get(key, db=handle.meta)
-                e, b, n, t = _DS_STRUCT.unpack(old) if old is not None else (0, 0, 0, self._clock())
+                e, b, n, t = (
+                    _DS_STRUCT.unpack(old) if old is not None else (0, 0, 0, self._core.clock())
+                )
                 if n != num_samples or old is None:
                     txn.put(key, _DS_STRUCT.pack(e, b, num_samples, t), db=handle.meta)
                 if name:
                     txn.put(_NAME_PREFIX + dataset_id, name.encode("utf-8"), db=handle.meta)
         except lmdb.Error as exc:
-            self._write_fault(exc)
+            self._core.write_fault(exc)
             return False
         return True
 
     def datasets(self) -> list[DatasetInfo]:
         """Every dataset the cache knows (node-wide), with entries and bytes cached."""
-        handle = self._get_handle()
+        handle = self._core.get_handle()
         if handle is None:
             return []
         out: list[DatasetInfo] = []
@@ -192,7 +204,7 @@ class LmdbMeta(LmdbCore):
                     name = txn.get(_NAME_PREFIX + dataset_id) or b""
                     out.append(DatasetInfo(dataset_id, e, b, n, name.decode("utf-8", "replace"), t))
         except lmdb.Error as exc:
-            self._degrade("read", f"{type(exc).__name__}: {exc}")
+            self._core.degrade("read", f"{type(exc).__name__}: {exc}")
             return []
         return out
 

@@ -1,7 +1,7 @@
 """The LMDB tier's read path: lookups, leases over the map, and readahead.
 
 Reads hand out memoryviews into the map; the lease keeps the read transaction (and the
-gate, NOTE[lmdb-gate] in ``_env.py``) until ``close()``. Faults never reach the caller:
+gate, NOTE[lmdb-gate] in ``_gate.py``) until ``close()``. Faults never reach the caller:
 the tier counts them, warns once, and falls through to the next tier; a read that fails
 in any way ends its transaction and its hold on the gate before it falls through.
 """
@@ -17,9 +17,10 @@ from typing import Any
 import lmdb
 
 from fastdata import record
-from fastdata._fork import this_process
+from fastdata._fork import reset_in_forked_child, this_process
 from fastdata.cache.lmdb import _env as _lmdb_env
 from fastdata.cache.lmdb._budget import HEADER_BYTES
+from fastdata.cache.lmdb._core import LmdbCore
 from fastdata.cache.lmdb._entry import HEADER, MAGIC, all_current, entry_ok
 from fastdata.cache.lmdb._meta import LmdbMeta
 from fastdata.cache.lmdb._readahead import Readahead, value_spans
@@ -33,12 +34,28 @@ _log = logging.getLogger("fastdata.cache.lmdb")  # one logger for the tier's mod
 _PARALLEL_VERIFY_BYTES = 8 * 1024**2
 
 
-class LmdbReads(LmdbMeta):
-    """The read path of :class:`~fastdata.cache.LmdbTier`."""
+class LmdbReads:
+    """The read path of :class:`~fastdata.cache.LmdbTier`.
+
+    Args:
+        core: The tier's shared state and health.
+        meta: The tier's metadata: reads stamp the datasets they read and delete the
+            corrupt entries they find.
+    """
+
+    def __init__(self, core: LmdbCore, meta: LmdbMeta) -> None:
+        self._core = core
+        self._meta = meta
+        self._reset()
+        reset_in_forked_child(self)  # NOTE[lmdb-fork]: the parent's threads are gone
 
     def _reset(self) -> None:
-        super()._reset()
-        self._readahead = Readahead(self.config.page_readahead)
+        """This process's readahead (its own threads); again in a forked child."""
+        self.readahead = Readahead(self._core.config.page_readahead)
+
+    def close(self) -> None:
+        """Stop the readahead threads for good (NOTE[tier-closed])."""
+        self.readahead.close()
 
     def get_many(
         self, keys: Sequence[bytes], fingerprints: Sequence[bytes], *, defer_verify: bool = False
@@ -56,14 +73,14 @@ class LmdbReads(LmdbMeta):
         """
         started = time.perf_counter()
         check_keys(keys, fingerprints)
-        handle = self._get_handle()
+        handle = self._core.get_handle()
         if handle is not None:
-            self._stamp(handle, keys)
+            self._meta.stamp(handle, keys)
             lease = self._read(handle, keys, fingerprints, started, defer_verify=defer_verify)
             if lease is not None:
                 return lease
         n = len(keys)
-        self._stats.record_call("get", started, misses=n, fall_throughs=n)
+        self._core.recorder.record_call("get", started, misses=n, fall_throughs=n)
         return Lease([None] * n)
 
     def _read(
@@ -110,13 +127,13 @@ class LmdbReads(LmdbMeta):
         started: float,
         defer_verify: bool,
     ) -> Lease:
-        verify = self.config.verify == "always" and not defer_verify
+        verify = self._core.config.verify == "always" and not defer_verify
         buffers, stale, bad = self._lookup(handle, txn, keys, fingerprints, verify)
         if bad:
             self._warn_corrupt(keys[bad[0]])
             self._drop_corrupt(handle, [keys[i] for i in bad])
         hits = [b for b in buffers if b is not None]
-        self._stats.record_call(
+        self._core.recorder.record_call(
             "get",
             started,
             hits=len(hits),
@@ -125,24 +142,24 @@ class LmdbReads(LmdbMeta):
             corruptions=len(bad),
             bytes_read=sum(map(len, hits)),
         )
-        unverified = bool(hits) and defer_verify and self.config.verify == "always"
+        unverified = bool(hits) and defer_verify and self._core.config.verify == "always"
         return Lease(buffers, _releaser(handle, txn, token), unverified=unverified)
 
     def _read_fault(self, handle: _lmdb_env.EnvHandle, exc: Exception, *, began: bool) -> None:
         if not isinstance(exc, lmdb.Error):
             # Not LMDB's: a bug or a failing helper; this read falls through, the next
             # one tries again.
-            self._warn_once(
+            self._core.warn_once(
                 "read-error",
                 "LMDB cache %s read failed (%s: %s); fell through to the next tier",
-                self.root,
+                self._core.root,
                 type(exc).__name__,
                 exc,
             )
         elif began or isinstance(exc, lmdb.PanicError):
-            self._structural_fault(handle, exc)
+            self._core.structural_fault(handle, exc)
         else:
-            self._degrade("read", f"{type(exc).__name__}: {exc}")
+            self._core.degrade("read", f"{type(exc).__name__}: {exc}")
 
     def _recover_begin(self, handle: _lmdb_env.EnvHandle, exc: BaseException) -> bool:
         try:
@@ -150,7 +167,7 @@ class LmdbReads(LmdbMeta):
                 return handle.adopt_map()
             return handle.env.reader_check() > 0
         except lmdb.Error as again:
-            self._degrade("read", f"{type(again).__name__}: {again}")
+            self._core.degrade("read", f"{type(again).__name__}: {again}")
             return False
 
     def _lookup(
@@ -162,9 +179,9 @@ class LmdbReads(LmdbMeta):
         verify: bool,
     ) -> tuple[list[Any], int, list[int]]:
         # NOTE[lmdb-readahead]: when cold, ask for every value's pages before the gets.
-        faults = self._advice(self._readahead.before_gets, handle, txn, keys)
+        faults = self._advice(self.readahead.before_gets, handle, txn, keys)
         views = list(map(txn.get, keys))
-        self._advice(self._readahead.after_gets, faults)
+        self._advice(self.readahead.after_gets, faults)
         buffers = all_current(views, keys, fingerprints)
         if buffers is not None:
             bad = self._verify(buffers) if verify else []
@@ -199,7 +216,7 @@ class LmdbReads(LmdbMeta):
         except Exception as exc:
             # A failed pread, fadvise or mincore, or a page that does not parse: the gets
             # still read every page, only without the batch's advice.
-            _log.debug("LMDB readahead in %s skipped: %r", self.root, exc)
+            _log.debug("LMDB readahead in %s skipped: %r", self._core.root, exc)
             return None
 
     def _verify(self, buffers: list[Any]) -> list[int]:
@@ -208,9 +225,9 @@ class LmdbReads(LmdbMeta):
         records = [buffers[i] for i in found]
         pool = None
         if sum(map(len, records)) >= _PARALLEL_VERIFY_BYTES and len(records) >= 8:
-            pool = self._readahead.executor()  # None once the tier is closed
+            pool = self.readahead.executor()  # None once the tier is closed
         if pool is not None:
-            step = self._readahead.threads
+            step = self.readahead.threads
             parts = [records[k::step] for k in range(step)]
             try:
                 results = pool.map(record.verify_many, parts)  # submits every part now
@@ -235,43 +252,43 @@ class LmdbReads(LmdbMeta):
             ConfigError: A key is not 16 bytes.
         """
         check_keys(keys, keys)
-        handle = self._get_handle()
+        handle = self._core.get_handle()
         if handle is None or not keys:
             return 0
         failed = self._drop_corrupt(handle, list(keys))
         if failed:
             self._warn_corrupt(failed[0])
-            self._stats.add(corruptions=len(failed))
+            self._core.recorder.add(corruptions=len(failed))
         return len(failed)
 
     def _warn_corrupt(self, key: bytes) -> None:
-        self._warn_once(
+        self._core.warn_once(
             "corrupt",
             "LMDB cache entry %s in %s failed its header or checksum check; dropped it "
             "and refetching (further ones are counted in stats().corruptions)",
             key.hex(),
-            self.root,
+            self._core.root,
         )
 
     def _drop_corrupt(self, handle: _lmdb_env.EnvHandle, keys: list[bytes]) -> list[bytes]:
         """Delete the entries of keys that fail their check; returns their keys."""
         for _ in (0, 1):
             failed: list[bytes] = []
-            delete = not self._writes_blocked(handle)  # else: found, counted, left in place
+            delete = not self._core.writes_blocked(handle)  # else: found, counted, left in place
             try:
                 with handle.shared(), handle.env.begin(write=delete, buffers=True) as txn:
                     for key in keys:
                         value = txn.get(key, db=handle.records)
                         if value is not None and not entry_ok(key, value):
                             if delete:
-                                self._delete(handle, txn, key, len(value))
+                                self._meta.delete(handle, txn, key, len(value))
                             failed.append(key)
                 return failed
             except lmdb.Error as exc:
                 if not delete:
-                    _log.debug("LMDB cache %s entries not checked again: %s", self.root, exc)
+                    _log.debug("LMDB cache %s entries not checked again: %s", self._core.root, exc)
                     break
-                self._write_fault(exc)  # then checked again without deleting
+                self._core.write_fault(exc)  # then checked again without deleting
         return []
 
     def contains_many(self, keys: Sequence[bytes], fingerprints: Sequence[bytes]) -> list[bool]:
@@ -291,7 +308,7 @@ class LmdbReads(LmdbMeta):
             ConfigError: Keys and fingerprints differ in number or are not 16 bytes.
         """
         check_keys(keys, fingerprints)
-        handle = self._get_handle()
+        handle = self._core.get_handle()
         if handle is None or not keys:
             return [False] * len(keys)
         for attempt in (0, 1):
@@ -302,10 +319,12 @@ class LmdbReads(LmdbMeta):
                 if attempt or not self._recover_begin(handle, exc):
                     break
             except lmdb.Error as exc:
-                self._structural_fault(handle, exc)
+                self._core.structural_fault(handle, exc)
                 break
             except OSError as exc:  # the pread of a header
-                self._warn_once("contains", "LMDB cache %s headers unreadable: %s", self.root, exc)
+                self._core.warn_once(
+                    "contains", "LMDB cache %s headers unreadable: %s", self._core.root, exc
+                )
                 break
         return [False] * len(keys)
 
@@ -342,17 +361,17 @@ class LmdbReads(LmdbMeta):
         count as active, so they are never evicted as idle.
         NOTE[lmdb-readahead].
         """
-        if self.config.page_readahead == "never" or not upcoming_keys:
+        if self._core.config.page_readahead == "never" or not upcoming_keys:
             return
-        handle = self._get_handle()
+        handle = self._core.get_handle()
         if handle is None:
             return
-        now = self._clock()
+        now = self._core.clock()
         for dataset_id in {k[:DATASET_ID_BYTES] for k in upcoming_keys}:
-            self._active[dataset_id] = now
-        if not self._readahead.cold:
+            self._meta.active[dataset_id] = now
+        if not self.readahead.cold:
             return
-        self._readahead.advise_later(handle, [bytes(k) for k in upcoming_keys], handle.shared)
+        self.readahead.advise_later(handle, [bytes(k) for k in upcoming_keys], handle.shared)
 
 
 def _releaser(handle: _lmdb_env.EnvHandle, txn: Any, token: list[int]) -> Callable[[], None]:

@@ -89,7 +89,7 @@ def _major_faults() -> int:
 
 def _advise_part(handle: Any, keys: Sequence[bytes], skip_resident: bool) -> int:
     # Runs on a pool thread with its own read transaction; the caller holds the gate
-    # shared until every part is done (NOTE[lmdb-gate] in _env.py). All spans first, then
+    # shared until every part is done (NOTE[lmdb-gate] in _gate.py). All spans first, then
     # the advice: a cold leaf page is one small read, which would otherwise queue behind
     # the large reads the advice starts.
     with handle.env.begin(db=handle.records, buffers=True) as txn:

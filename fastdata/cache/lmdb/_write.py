@@ -2,8 +2,8 @@
 
 ``put_many`` cuts the items into write transactions of at most ``write_txn_bytes``;
 each one is admitted by the pure policy (``policy.choose_admitted``) against the room
-the cost model leaves (``lmdb_budget``, NOTE[lmdb-budget]), grows the map toward the
-budget when it must (NOTE[lmdb-gate] in ``_env.py``), and evicts idle datasets when a
+the cost model leaves (``_budget.py``, NOTE[lmdb-budget]), grows the map toward the
+budget when it must (NOTE[lmdb-gate] in ``_gate.py``), and evicts idle datasets when a
 write is rejected (``policy.idle_victims``). A failed write pauses or turns off writes
 (NOTE[lmdb-write-off] in ``_core.py``).
 """
@@ -18,9 +18,10 @@ from typing import Any
 
 import lmdb
 
+from fastdata._fork import reset_in_forked_child
 from fastdata.cache.lmdb import _env as _lmdb_env
 from fastdata.cache.lmdb._budget import HEADER_BYTES, reserve_bytes, value_cost
-from fastdata.cache.lmdb._core import WriteState
+from fastdata.cache.lmdb._core import LmdbCore, WriteState
 from fastdata.cache.lmdb._entry import entry_header
 from fastdata.cache.lmdb._meta import LmdbMeta
 from fastdata.cache.policy import DatasetUsage, choose_admitted, idle_victims
@@ -44,11 +45,23 @@ class _Full(Exception):
         self.wanted_bytes = wanted_bytes
 
 
-class LmdbWrites(LmdbMeta):
-    """The write path of :class:`~fastdata.cache.LmdbTier`."""
+class LmdbWrites:
+    """The write path of :class:`~fastdata.cache.LmdbTier`.
+
+    Args:
+        core: The tier's shared state and health.
+        meta: The tier's metadata: writes count their records per dataset and evict
+            idle datasets.
+    """
+
+    def __init__(self, core: LmdbCore, meta: LmdbMeta) -> None:
+        self._core = core
+        self._meta = meta
+        self._reset()
+        reset_in_forked_child(self)  # NOTE[lmdb-fork]
 
     def _reset(self) -> None:
-        super()._reset()
+        """This process's admission state; again in a forked child."""
         self._limit: WriteState = "ok"
         self._room_by: WriteState = "budget_full"
         self._full_mark: tuple[int, float] | None = None
@@ -61,29 +74,29 @@ class LmdbWrites(LmdbMeta):
         """
         started = time.perf_counter()
         unique = check_items(items, "LmdbTier")
-        handle = self._get_handle()
+        handle = self._core.get_handle()
         admitted = written = 0
         self._limit = "ok"
         if handle is not None:
-            for chunk in _chunks(unique, self.config.write_txn_bytes):
-                if self._writes_blocked(handle):
+            for chunk in _chunks(unique, self._core.config.write_txn_bytes):
+                if self._core.writes_blocked(handle):
                     break  # NOTE[lmdb-write-off]: rejected, counted, no write tried
                 done, nbytes = self._put_chunk(handle, chunk)
                 admitted += done
                 written += nbytes
-        self._stats.record_call(
+        self._core.recorder.record_call(
             "put", started, rejections=len(unique) - admitted, bytes_written=written
         )
         return admitted
 
     def _put_chunk(self, handle: _lmdb_env.EnvHandle, chunk: list[CacheItem]) -> tuple[int, int]:
         done, written, rejected = self._write(handle, chunk, grow=True)
-        if not rejected or self._writes_blocked(handle):
+        if not rejected or self._core.writes_blocked(handle):
             return done, written
         try:
             evicted = self._evict_idle(handle, rejected)
         except lmdb.Error as exc:  # a delete copies pages too: a full disk fails it
-            self._write_fault(exc)
+            self._core.write_fault(exc)
             return done, written
         if evicted:
             more, more_bytes, _ = self._write(handle, rejected, grow=False)
@@ -129,7 +142,7 @@ class LmdbWrites(LmdbMeta):
                 if not handle.adopt_map(wait=waitable):
                     return 0, 0, chunk
             except lmdb.Error as exc:
-                self._write_fault(exc)
+                self._core.write_fault(exc)
                 return 0, 0, chunk
         return 0, 0, chunk
 
@@ -177,7 +190,7 @@ class LmdbWrites(LmdbMeta):
             delta[0] += old < 0
             delta[1] += len(value) - max(old, 0)
             written += nbytes
-        self._update_meta(handle, txn, per_dataset)
+        self._meta.update_meta(handle, txn, per_dataset)
         rejected = [item for (item, _, _), ok in zip(todo, flags, strict=True) if not ok]
         return already + len(todo) - len(rejected), written, rejected
 
@@ -220,16 +233,18 @@ class LmdbWrites(LmdbMeta):
         if stuck:
             self._warn_stuck(handle)
             return
-        _log.info("LMDB cache %s is full at %d bytes in use; admitting no more", self.root, in_use)
+        _log.info(
+            "LMDB cache %s is full at %d bytes in use; admitting no more", self._core.root, in_use
+        )
 
     def _warn_stuck(self, handle: _lmdb_env.EnvHandle) -> None:
         """One warning per tier: the map is below the budget and a resize failed."""
-        self._warn_once(
+        self._core.warn_once(
             "map-full",
             "LMDB cache %s map is full at %d bytes and could not grow toward its %d-byte "
             "budget; serving what it holds and admitting only what fits (see "
             "stats().rejections)",
-            self.root,
+            self._core.root,
             handle.map_size,
             handle.budget_map_bytes,
         )
@@ -241,18 +256,26 @@ class LmdbWrites(LmdbMeta):
         except OSError:
             return 0
         free = vfs.f_bavail * vfs.f_frsize
-        return free - self.config.min_free_bytes + max(0, file_bytes - in_use)
+        return free - self._core.config.min_free_bytes + max(0, file_bytes - in_use)
 
     def _evict_idle(self, handle: _lmdb_env.EnvHandle, rejected: list[CacheItem]) -> bool:
         active = {it.key[:DATASET_ID_BYTES] for it in rejected}
-        now = self._clock()
-        active.update(d for d, t in self._active.items() if now - t <= self.config.idle_dataset_s)
-        usage = [DatasetUsage(d.dataset_id, d.bytes_used, d.last_access_s) for d in self.datasets()]
+        now = self._core.clock()
+        active.update(
+            d for d, t in self._meta.active.items() if now - t <= self._core.config.idle_dataset_s
+        )
+        usage = [
+            DatasetUsage(d.dataset_id, d.bytes_used, d.last_access_s) for d in self._meta.datasets()
+        ]
         need = sum(
             value_cost(memoryview(it.record).nbytes + HEADER_BYTES, handle.psize) for it in rejected
         )
         victims = idle_victims(
-            usage, need_bytes=need, now_s=now, idle_s=self.config.idle_dataset_s, active=active
+            usage,
+            need_bytes=need,
+            now_s=now,
+            idle_s=self._core.config.idle_dataset_s,
+            active=active,
         )
         for dataset_id in victims:
             removed = self._delete_prefix(handle, dataset_id)
@@ -279,9 +302,9 @@ class LmdbWrites(LmdbMeta):
         # LMDB hands out pages freed by transaction N only from transaction N + 2 on;
         # one more (tiny) commit makes the freed space usable by the next write.
         with handle.shared(), handle.env.begin(write=True) as txn:
-            self._update_meta(handle, txn, {dataset_id: [0, 0]})
+            self._meta.update_meta(handle, txn, {dataset_id: [0, 0]})
         self._full_mark = None
-        self._stats.add(evictions=removed)
+        self._core.recorder.add(evictions=removed)
         return removed
 
     def _delete_batch(self, handle: _lmdb_env.EnvHandle, dataset_id: bytes, batch: int) -> int:
@@ -294,13 +317,13 @@ class LmdbWrites(LmdbMeta):
                     n += 1
                     if not cursor.delete():
                         break
-            self._update_meta(handle, txn, {dataset_id: [-n, -nbytes]})
+            self._meta.update_meta(handle, txn, {dataset_id: [-n, -nbytes]})
         return n
 
     def evict(self, keys: Sequence[bytes]) -> int:
         """Delete keys; returns how many were present (0 when the cache is unavailable)."""
-        handle = self._get_handle()
-        if handle is None or self._writes_blocked(handle):
+        handle = self._core.get_handle()
+        if handle is None or self._core.writes_blocked(handle):
             return 0
         removed = 0
         try:
@@ -308,12 +331,12 @@ class LmdbWrites(LmdbMeta):
                 for key in keys:
                     value = txn.get(bytes(key), db=handle.records)
                     if value is not None:
-                        self._delete(handle, txn, bytes(key), len(value))
+                        self._meta.delete(handle, txn, bytes(key), len(value))
                         removed += 1
         except lmdb.Error as exc:
-            self._write_fault(exc)
+            self._core.write_fault(exc)
             return 0
-        self._stats.add(evictions=removed)
+        self._core.recorder.add(evictions=removed)
         return removed
 
     def clear(self, dataset_id: bytes | None = None) -> int:
@@ -334,15 +357,19 @@ class LmdbWrites(LmdbMeta):
         """
         if dataset_id is not None:
             check_dataset_id(dataset_id)
-        handle = self._get_handle()
+        handle = self._core.get_handle()
         if handle is None:
             return 0
         if handle.read_only:
             raise CacheError(
-                f"cannot clear the LMDB cache in {self.root}: it is read-only here "
+                f"cannot clear the LMDB cache in {self._core.root}: it is read-only here "
                 f"({handle.read_only}); make the directory writable, or delete it"
             )
-        ids = [dataset_id] if dataset_id is not None else [d.dataset_id for d in self.datasets()]
+        ids = (
+            [dataset_id]
+            if dataset_id is not None
+            else [d.dataset_id for d in self._meta.datasets()]
+        )
         try:
             removed = sum(self._delete_prefix(handle, d) for d in ids)
             if dataset_id is None:
@@ -351,7 +378,7 @@ class LmdbWrites(LmdbMeta):
                     txn.drop(handle.records, delete=False)
         except lmdb.Error as exc:
             raise CacheError(
-                f"clearing the LMDB cache in {self.root} failed ({type(exc).__name__}: "
+                f"clearing the LMDB cache in {self._core.root} failed ({type(exc).__name__}: "
                 f"{exc}); delete the directory to drop the cache whole"
             ) from exc
         return removed
@@ -374,17 +401,17 @@ class LmdbWrites(LmdbMeta):
             ``"unavailable"``: the cache cannot be opened now, writes are paused after
             another error (``degraded_retry_s``), or the tier is closed.
         """
-        if self._closed:
+        if self._core.closed:
             return "unavailable"
-        off = _lmdb_env.writes_off(self.root)
+        off = _lmdb_env.writes_off(self._core.root)
         if off is not None:
             return "disk_full" if off[0] == "disk_full" else "read_only"
-        handle = self._get_handle()
+        handle = self._core.get_handle()
         if handle is None:
             return "unavailable"
         if handle.read_only:
             return "read_only"
-        if time.monotonic() < self._writes_retry_at:
+        if time.monotonic() < self._core.writes_retry_at:
             return "unavailable"
         return self._limit
 
