@@ -546,9 +546,12 @@ def test_clear_while_another_process_reads_gives_misses_not_errors(tmp_path: Pat
             "keys = [make_key(DATASET, i) for i in range(200)]\n"
             "fps = [fingerprint(i) for i in range(200)]\n"
             "hits = misses = 0\n"
-            "print('reading', flush=True)\n"
-            "end = time.monotonic() + 3\n"
-            "while time.monotonic() < end:\n"
+            # Handshake: 'reading' once a whole pass hit; then read on, through the
+            # parent's clear, until a whole pass misses (120 s is only a hang guard).
+            "deadline = time.monotonic() + 120\n"
+            "announced = cleared = False\n"
+            "while not cleared:\n"
+            "    assert time.monotonic() < deadline, 'the clear was never seen'\n"
             "    with t.get_many(keys, fps) as lease:\n"
             "        for i, b in enumerate(lease.buffers):\n"
             "            if b is None:\n"
@@ -556,6 +559,10 @@ def test_clear_while_another_process_reads_gives_misses_not_errors(tmp_path: Pat
             "            else:\n"
             "                assert bytes(b) == make_record(i)\n"
             "                hits += 1\n"
+            "        cleared = all(b is None for b in lease.buffers)\n"
+            "    if not announced and hits:\n"
+            "        print('reading', flush=True)\n"
+            "        announced = True\n"
             "print(hits, misses, t.stats().fall_throughs)\n"
         )
         env = dict(os.environ, FASTDATA_CACHE_DIR=str(root))
@@ -568,8 +575,7 @@ def test_clear_while_another_process_reads_gives_misses_not_errors(tmp_path: Pat
             text=True,
         )
         assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "reading"
-        time.sleep(1.0)
+        assert proc.stdout.readline().strip() == "reading"  # it hit, and reads on
         assert t.clear(DATASET) == 200
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
