@@ -269,9 +269,14 @@ def test_close_mid_epoch_discards_undelivered_results_and_leaves_no_fd(tmp_path:
     discarded: list[int] = []
     fds_before = _open_fds()
 
+    ahead = threading.Semaphore(0)  # released by each fetch past the first
+
     def fetch(i: int) -> _FileResult:
         time.sleep(0.002)
-        return _FileResult(path)
+        result = _FileResult(path)
+        if i:
+            ahead.release()
+        return result
 
     def discard(result: _FileResult) -> None:
         result.file.close()
@@ -280,7 +285,7 @@ def test_close_mid_epoch_discards_undelivered_results_and_leaves_no_fd(tmp_path:
     p = Prefetcher(range(500), fetch, config=_cfg(depth=6, threads=3), discard=discard)
     first = next(p)
     first.file.close()
-    time.sleep(0.05)  # let the workers fill the reorder buffer
+    assert ahead.acquire(timeout=60)  # a batch past the first was fetched, undelivered
     p.close()
     assert p.closed
     assert _prefetch_threads() == []
@@ -290,20 +295,37 @@ def test_close_mid_epoch_discards_undelivered_results_and_leaves_no_fd(tmp_path:
     assert _open_fds() == fds_before
 
 
+def _joins_workers(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is inside the prefetcher's shutdown, joining a worker."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    names = set()
+    while frame is not None:
+        names.add((frame.f_code.co_name, Path(frame.f_code.co_filename).name))
+        frame = frame.f_back
+    return ("_shutdown", "prefetcher.py") in names and ("join", "threading.py") in names
+
+
 def test_close_waits_for_a_fetch_in_progress_and_discards_it() -> None:
     entered = threading.Event()
     discarded: list[int] = []
+    closer = threading.current_thread()
+    close_was_waiting: list[bool] = []
 
     def fetch(i: int) -> int:
         if i == 1:
             entered.set()
-            time.sleep(0.3)
+            # Return only once close() is joining this worker (60 s is a hang guard).
+            deadline = time.monotonic() + 60.0
+            while not _joins_workers(closer) and time.monotonic() < deadline:
+                time.sleep(0.002)
+            close_was_waiting.append(_joins_workers(closer))
         return i
 
     p = Prefetcher(range(5), fetch, config=_cfg(depth=2, threads=2), discard=discarded.append)
     assert next(p) == 0
     assert entered.wait(10)
     p.close()
+    assert close_was_waiting == [True]
     assert _prefetch_threads() == []
     assert 1 in discarded
 
