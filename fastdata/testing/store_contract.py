@@ -226,17 +226,17 @@ class StoreContract:
         clone.close()
 
     def test_bad_arguments_raise_config_error(self, store: Store) -> None:
-        with pytest.raises(ConfigError):
+        with pytest.raises(ConfigError, match="get_many takes a sequence of ByteRange, got str"):
             store.get_many("a/1.bin")  # type: ignore[arg-type]
-        with pytest.raises(ConfigError):
+        with pytest.raises(ConfigError, match="request 0 is a tuple, not a ByteRange"):
             store.get_many([("a/1.bin", 0, 1)])  # type: ignore[list-item]
-        with pytest.raises(ConfigError):
+        with pytest.raises(ConfigError, match=r"request 0: .*no leading '/'\), got '/absolute'"):
             store.get_many([ByteRange("/absolute")])
-        with pytest.raises(ConfigError):
+        with pytest.raises(ConfigError, match=r"put_many item 0 \('x'\): .*buffer protocol"):
             store.put_many([("x", 123)])  # type: ignore[list-item]
-        with pytest.raises(ConfigError):
+        with pytest.raises(ConfigError, match="delete_many takes a sequence of paths"):
             store.delete_many("x")
-        with pytest.raises(ConfigError):
+        with pytest.raises(ConfigError, match="info: object path must be a non-empty str"):
             store.info("")
 
 
@@ -416,7 +416,7 @@ class StoreFaultContract:
         assert proxy.requests(path=self.key_path(upstream, "f/absent.bin")) == 1
         path = self.key_path(upstream, "f/small.bin")
         proxy.add(Fault.not_found(), times=1, method="GET", path=path)
-        with pytest.raises(ObjectNotFoundError):
+        with pytest.raises(ObjectNotFoundError, match=r"f/small\.bin not found \(get\)"):
             store.get_many([ByteRange("f/small.bin")])
         assert proxy.requests(path=path) == 1
         assert store.stats().retries == 0
@@ -432,7 +432,7 @@ class StoreFaultContract:
         assert f"{upstream.url}/f/small.bin" in str(excinfo.value)  # bucket and key
         assert isinstance(excinfo.value, PermissionError)
         assert proxy.requests(path=path) == 1
-        with pytest.raises(AccessDeniedError):
+        with pytest.raises(AccessDeniedError, match=r"access denied to .*f/small\.bin \(head\)"):
             store.info("f/small.bin")
         assert proxy.requests(path=path) == 2
 
@@ -552,11 +552,11 @@ class StoreFaultContract:
         store.get_many([ByteRange("f/small.bin")])
         for fault in (Fault.access_denied(), Fault.not_found()):
             proxy.add(fault, times=1, method="GET")
-            with pytest.raises(StoreError) as excinfo:
+            with pytest.raises(StoreError, match=r"f/small\.bin") as excinfo:
                 store.get_many([ByteRange("f/small.bin")])
             texts.append(str(excinfo.value))
         proxy.outage(30.0)
-        with pytest.raises(StoreError) as excinfo:
+        with pytest.raises(StoreError, match=r"get of .*f/small\.bin .* failed") as excinfo:
             short.get_many([ByteRange("f/small.bin")])
         texts.append(str(excinfo.value))
         everything = [record.getMessage() for record in caplog.records]

@@ -115,7 +115,7 @@ def test_run_pass_stops_after_max_batches_and_closes_the_iterator() -> None:
     gen = iter(loader)
     result = run_pass(gen, max_batches=3)
     assert result.batches == 3
-    with pytest.raises(StopIteration):
+    with pytest.raises(StopIteration, match=r"^$"):  # closed: ended, not one more batch
         next(gen)
 
 

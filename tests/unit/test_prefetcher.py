@@ -175,7 +175,7 @@ def test_source_error_is_delivered_after_the_batches_before_it() -> None:
 
     p = Prefetcher(source(), lambda i: i, config=_cfg())
     assert [next(p), next(p), next(p)] == [0, 1, 2]
-    with pytest.raises(KeyError) as info:
+    with pytest.raises(KeyError, match="index file vanished") as info:
         next(p)
     assert "planning batch 3" in " ".join(info.value.__notes__)
     assert p.closed
@@ -192,7 +192,7 @@ def test_source_error_with_a_hint_still_delivers_every_batch_before_it(hint_batc
         source(), lambda i: i, config=_cfg(hint_batches=hint_batches), hint=hinted.extend
     )
     assert [next(p) for _ in range(10)] == list(range(10))
-    with pytest.raises(KeyError) as info:
+    with pytest.raises(KeyError, match="index file vanished") as info:
         next(p)
     assert "planning batch 10" in " ".join(info.value.__notes__)
     assert hinted == list(range(10))
@@ -341,7 +341,7 @@ def test_keyboard_interrupt_while_waiting_closes_the_prefetcher(sigint_raises: N
     holder.append(weakref.ref(p))
     presser = _ctrl_c_once_the_consumer_waits()
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt, match=r"^$"):  # the bare one Ctrl-C raises
             next(p)
     finally:
         presser.join()
@@ -353,11 +353,11 @@ def _train_until_ctrl_c() -> None:
     with Prefetcher(range(100), lambda i: i, config=_cfg()) as p:
         for i in p:
             if i == 2:
-                raise KeyboardInterrupt
+                raise KeyboardInterrupt("ctrl-c at batch 2")
 
 
 def test_keyboard_interrupt_in_the_loop_body_inside_with_closes() -> None:
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt, match="ctrl-c at batch 2"):
         _train_until_ctrl_c()
     assert _prefetch_threads() == []
 
@@ -454,12 +454,12 @@ def test_every_way_of_stopping_leaves_no_thread_fd_or_buffer(
             assert next(p, None) is None
         elif mode == "error":
             _consume(p, mode, 5)
-            with pytest.raises(CustomFetchError):
+            with pytest.raises(CustomFetchError, match="bad record"):
                 next(p)
         else:
             _consume(p, mode, 5)
             presser = _ctrl_c_once_the_consumer_waits()
-            with pytest.raises(KeyboardInterrupt):
+            with pytest.raises(KeyboardInterrupt, match=r"^$"):  # the bare one of Ctrl-C
                 next(p)
             presser.join()
         del p  # "gc" relies on this alone; the other modes have stopped already
