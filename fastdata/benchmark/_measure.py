@@ -44,6 +44,7 @@ import numpy as np
 _log = logging.getLogger(__name__)
 
 __all__ = [
+    "PassClock",
     "PassResult",
     "combine",
     "cpu_per_sample_ms",
@@ -156,12 +157,23 @@ def count_samples(batch: Any) -> int:
     return int(batch.shape[0])
 
 
+@dataclass(frozen=True)
+class PassClock:
+    """The clock a pass reads and the sleep that stands for the training step."""
+
+    now: Callable[[], float] = time.perf_counter
+    """Seconds on a monotonic clock."""
+    sleep: Callable[[float], None] = time.sleep
+    """Sleeps that many seconds of ``now``."""
+
+
 def run_pass(
     loader: Iterable[Any],
     *,
     step_s: float = 0.0,
     max_batches: int | None = None,
     count: Callable[[Any], int] = count_samples,
+    clock: PassClock = PassClock(),
 ) -> PassResult:
     """Iterate ``loader`` like a training loop (NOTE[bench-pass]).
 
@@ -170,6 +182,7 @@ def run_pass(
         step_s: Seconds slept after each batch (0: the throughput pass).
         max_batches: Stop after this many batches (``None``: the whole epoch).
         count: Samples in one batch.
+        clock: What the pass times with and sleeps on (tests pass a fake one).
 
     Returns:
         Samples, batches, wall time, TTFB, per-batch waits and CPU seconds.
@@ -177,25 +190,25 @@ def run_pass(
     waits: list[float] = []
     samples = 0
     cpu_before, server_before = process_cpu_s(), server_cpu_s()
-    started = time.perf_counter()
+    started = clock.now()
     it = iter(loader)
     last = first_at = started
     try:
         while max_batches is None or len(waits) < max_batches:
-            before = time.perf_counter()
+            before = clock.now()
             try:
                 batch = next(it)
             except StopIteration:
                 break
-            last = time.perf_counter()
+            last = clock.now()
             if not waits:
                 first_at = last
             waits.append(last - before)
             samples += count(batch)
             del batch
             if step_s:
-                time.sleep(step_s)
-                last = time.perf_counter()
+                clock.sleep(step_s)
+                last = clock.now()
     finally:
         close = getattr(it, "close", None)
         if close is not None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -311,18 +312,18 @@ class TierContract:
         assert lease.buffers is None
 
     @pytest.mark.parametrize(
-        ("keys", "fps"),
+        ("keys", "fps", "match"),
         [
-            ([b"short"], [fingerprint(1)]),
-            ([make_key(DATASET, 1)], [b"short"]),
-            ([make_key(DATASET, 1)], []),
-            (["a string key of 16"], [fingerprint(1)]),
+            ([b"short"], [fingerprint(1)], "cache key must be 16 bytes, got b'short'"),
+            ([make_key(DATASET, 1)], [b"short"], "fingerprint must be 16 bytes, got b'short'"),
+            ([make_key(DATASET, 1)], [], "1 keys but 0 fingerprints; pass one fingerprint per"),
+            (["a string key of 16"], [fingerprint(1)], "cache key must be 16 bytes, got 'a str"),
         ],
     )
     def test_get_many_rejects_malformed_requests(
-        self, tier: Tier, keys: list[Any], fps: list[Any]
+        self, tier: Tier, keys: list[Any], fps: list[Any], match: str
     ) -> None:
-        with pytest.raises(ConfigError):
+        with pytest.raises(ConfigError, match=re.escape(match)):
             tier.get_many(keys, fps)
 
     def test_cache_item_rejects_malformed_fields(self) -> None:

@@ -7,9 +7,8 @@ import json
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import pytest
@@ -115,10 +114,16 @@ with ReadThroughCache([tier], source, config=config) as cache:
                 assert bytes(record.decode(buf)["data"]) == expected[path], path
         after = tier.stats()
         rounds.append([after.hits - before.hits, after.misses - before.misses])
-        if len(rounds) == 1:
-            print("ready", flush=True)
+        print("round", json.dumps(rounds[-1]), flush=True)  # the parent's handshake
 print(json.dumps(rounds), flush=True)
 """
+
+
+def _next_round(stdout: IO[str]) -> list[int]:
+    """The reader's next ``round [hits, misses]`` line (it ends by itself after 120 s)."""
+    line = stdout.readline()
+    assert line.startswith("round "), f"the reader stopped early: {line!r}"
+    return list(json.loads(line.removeprefix("round ")))
 
 
 def test_clear_while_another_process_reads_gives_it_misses_never_errors(
@@ -145,14 +150,18 @@ def test_clear_while_another_process_reads_gives_it_misses_never_errors(
     )
     try:
         assert reader.stdout is not None
-        assert reader.stdout.readline().strip() == "ready"
+        assert _next_round(reader.stdout)[1] == 0  # ready: its first round, all hits
         cleared = cli(s3_bucket, cache_dir, "clear", "--dataset", dataset, "--yes", "--json")
         assert cleared.returncode == 0, cleared.stderr
         assert json.loads(cleared.stdout)["entries"] > 0
-        time.sleep(1.0)
+        # Each clear is followed by rounds until the reader misses (it saw the clear and
+        # refetched, filling the cache again for the next clear to empty).
+        while _next_round(reader.stdout)[1] == 0:
+            pass
         everything = cli(s3_bucket, cache_dir, "clear", "--yes", "--json")
         assert everything.returncode == 0, everything.stderr
-        time.sleep(1.0)
+        while _next_round(reader.stdout)[1] == 0:
+            pass
         stop.touch()
         out, err = reader.communicate(timeout=120)
     finally:

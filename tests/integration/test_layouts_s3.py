@@ -226,7 +226,7 @@ def test_validate_mode_sees_an_overwritten_object_and_strict_refuses(
     with pytest.raises(ObjectChangedError, match=r"1 object\(s\) changed.*'2.bin'"):
         open_(url, consistency="validate", strict=True)
     # Immutable mode trusts the old index, but a read is pinned to the old version.
-    with pytest.raises((ObjectChangedError, CorruptRecordError)):
+    with pytest.raises((ObjectChangedError, CorruptRecordError), match=r"mutable/2\.bin"):
         before.read_samples(Store(url, storage_options=s3_bucket.storage_options), [2])
     with pytest.warns(DatasetChangedWarning, match="'2.bin'"):
         after = open_(url, consistency="validate")

@@ -68,7 +68,7 @@ def test_cli_pack_s3_to_s3_round_trip_and_resume(
     dst = f"{s3_bucket.url}/packed"
     argv = ["pack", tar_source, dst, "--shard-bytes", "256KiB", "--concurrency", "3",
             "--endpoint-url", s3_bucket.endpoint_url, "--compress", "jpg=1"]  # fmt: skip
-    with pytest.raises(SystemExit) as done:
+    with pytest.raises(SystemExit, match=r"^0$") as done:  # the CLI's exit status
         main(argv)
     assert done.value.code == 0
     options = s3_bucket.storage_options

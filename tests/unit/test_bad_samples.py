@@ -162,7 +162,7 @@ def _packed_with_a_damaged_record(root: Path) -> tuple[str, int]:
 def test_a_record_that_fails_to_decode_is_named_and_can_be_skipped(tmp_path: Path) -> None:
     url, victim = _packed_with_a_damaged_record(tmp_path / "packed")
     with fastdata.Dataset(url, cache_dir=tmp_path / "cache", shuffle=False) as ds:
-        with pytest.raises(CorruptRecordError) as info:
+        with pytest.raises(CorruptRecordError, match=r"failed its record checksum") as info:
             list(fastdata.DataLoader(ds, batch_size=4))
         assert info.value.sample_id == victim
         notes = "\n".join(info.value.__notes__)

@@ -97,7 +97,7 @@ def test_vartensor_is_a_sequence_of_samples(parquet_dataset: Any) -> None:
     assert isinstance(part, VarTensor)
     assert len(part) == 3
     assert [t.tolist() for t in part] == [list(range(i, i + 8)) for i in range(2, 5)]
-    with pytest.raises(IndexError):
+    with pytest.raises(IndexError, match="sample 16 out of range for a VarTensor of 16"):
         text[16]
     # values and offsets stay for zero-copy users
     assert int(text.offsets[-1]) == text.values.numel()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +12,7 @@ import pytest
 
 from fastdata.benchmark import BenchConfig, config_from_flags
 from fastdata.benchmark._measure import (
+    PassClock,
     PassResult,
     combine,
     cpu_per_sample_ms,
@@ -53,34 +54,60 @@ def test_quick_sizes_apply_and_explicit_flags_win() -> None:
         config_from_flags({"sample_bytes": "lots"})
 
 
-class _SlowLoader:
-    """Batches of 4 ids; the first takes ``first_s``, the others ``each_s``."""
+class _FakeClock:
+    """A clock that moves only when slept on: the pass's arithmetic, without timing."""
 
-    def __init__(self, batches: int, first_s: float, each_s: float) -> None:
-        self.batches, self.first_s, self.each_s = batches, first_s, each_s
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class _SlowLoader:
+    """Batches of 4 ids; the first takes ``first_s``, the others ``each_s`` (of ``sleep``)."""
+
+    def __init__(
+        self,
+        batches: int,
+        first_s: float,
+        each_s: float,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.batches, self.first_s, self.each_s, self.sleep = batches, first_s, each_s, sleep
         self.closed = False
 
     def __iter__(self) -> Iterator[dict]:
         try:
             for i in range(self.batches):
-                time.sleep(self.first_s if i == 0 else self.each_s)
+                self.sleep(self.first_s if i == 0 else self.each_s)
                 yield {"__id__": list(range(4 * i, 4 * i + 4))}
         finally:
             self.closed = True
 
 
 def test_run_pass_times_like_a_training_loop() -> None:
-    loader = _SlowLoader(5, first_s=0.05, each_s=0.0)
-    result = run_pass(loader, step_s=0.02)
+    fake = _FakeClock()
+    loader = _SlowLoader(5, first_s=0.05, each_s=0.005, sleep=fake.sleep)
+    result = run_pass(loader, step_s=0.02, clock=PassClock(fake.now, fake.sleep))
     assert (result.samples, result.batches) == (20, 5)
-    assert result.ttfb_s >= 0.05
-    assert result.seconds >= 0.05 + 5 * 0.02
+    assert result.ttfb_s == pytest.approx(0.05)
+    assert result.seconds == pytest.approx(0.05 + 4 * 0.005 + 5 * 0.02)
     # Waits exclude the step; the first one is the start-up.
-    assert result.waits_s[0] >= 0.05
-    assert max(result.steady_waits_s) < 0.02
+    assert result.waits_s == pytest.approx([0.05] + [0.005] * 4)
+    assert result.steady_waits_s == pytest.approx([0.005] * 4)
     assert result.stall_fraction == pytest.approx(sum(result.waits_s) / result.seconds)
     assert result.steady_stall_fraction < result.stall_fraction
     assert loader.closed
+
+
+def test_run_pass_sleeps_the_step_on_the_real_clock_by_default() -> None:
+    # The default clock really sleeps: a lower bound only, which load cannot break.
+    result = run_pass(_SlowLoader(3, first_s=0.0, each_s=0.0), step_s=0.01)
+    assert result.seconds >= 3 * 0.01
 
 
 def test_run_pass_stops_after_max_batches_and_closes_the_iterator() -> None:
@@ -88,7 +115,7 @@ def test_run_pass_stops_after_max_batches_and_closes_the_iterator() -> None:
     gen = iter(loader)
     result = run_pass(gen, max_batches=3)
     assert result.batches == 3
-    with pytest.raises(StopIteration):
+    with pytest.raises(StopIteration, match=r"^$"):  # closed: ended, not one more batch
         next(gen)
 
 

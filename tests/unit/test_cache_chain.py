@@ -385,11 +385,21 @@ def test_failed_owner_fetch_lets_each_waiter_fetch_for_itself(config: CacheConfi
     assert outcomes.count([source.expected(1), source.expected(2)]) == 2
 
 
-@pytest.mark.parametrize("ids", [[-1], [10], ["x"], [1.5, None]])
-def test_bad_sample_ids_raise_config_error(config: CacheConfig, ids: list[object]) -> None:
+@pytest.mark.parametrize(
+    ("ids", "match"),
+    [
+        ([-1], r"sample id -1 is outside 0\.\.9"),
+        ([10], r"sample id 10 is outside 0\.\.9"),
+        (["x"], r"sample ids must be integers, got \['x'\]"),
+        ([1.5, None], r"sample ids must be integers, got \[1\.5, None\]"),
+    ],
+)
+def test_bad_sample_ids_raise_config_error(
+    config: CacheConfig, ids: list[object], match: str
+) -> None:
     with (
         ReadThroughCache([RamTier(config)], FakeSource(10), config=config) as cache,
-        pytest.raises(ConfigError),
+        pytest.raises(ConfigError, match=match),
     ):
         cache.get_many(ids)  # type: ignore[arg-type]
 
@@ -421,7 +431,7 @@ def test_a_source_returning_too_few_samples_is_an_error(config: CacheConfig) -> 
         with pytest.raises(ConfigError, match="returned 1 samples for 2 ids"):
             cache.get_many([1, 2])
         # The failed flight is gone: the next call fetches again instead of waiting.
-        with pytest.raises(ConfigError):
+        with pytest.raises(ConfigError, match="returned 1 samples for 2 ids"):
             cache.get_many([1, 2])
 
 

@@ -72,7 +72,7 @@ def test_plain_lru_thrashes_under_per_epoch_reshuffle() -> None:
 
 
 def test_simulate_epochs_validates_its_arguments() -> None:
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match=r"needs num_samples > 0.*got 0, 1, 1"):
         simulate_epochs(0, 1, 1)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="unknown policy 'mru': use 'fastdata' or 'lru'"):
         simulate_epochs(10, 1, 1, policy="mru")  # type: ignore[arg-type]

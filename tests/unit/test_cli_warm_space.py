@@ -57,7 +57,7 @@ def test_a_selection_larger_than_the_free_space_fails_before_fetching(
 ) -> None:
     data = make_dataset(tmp_path / "data", 40, 200 * 1024)  # 8 MiB for a 4 MiB filesystem
     cache_dir = small_fs / "cache"
-    with pytest.raises(CacheError) as caught:
+    with pytest.raises(CacheError, match="selected samples not yet cached need about") as caught:
         warm(DatasetSpec(str(data), layout="files"), config=config_at(cache_dir))
     message = str(caught.value)
     assert "free" in message

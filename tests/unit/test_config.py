@@ -35,9 +35,21 @@ def test_parse_size_accepts_decimal_and_binary_units(text: str | int, expected: 
     assert parse_size(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "GiB", "-1", "8 parsecs", "1e9", -5, True, 3.5])
-def test_parse_size_rejects_garbage_with_config_error(text: object) -> None:
-    with pytest.raises(ConfigError):
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("", "cannot parse size ''"),
+        ("GiB", "cannot parse size 'GiB'"),
+        ("-1", "cannot parse size '-1'"),
+        ("8 parsecs", "cannot parse size '8 parsecs': use a number with an optional unit"),
+        ("1e9", "cannot parse size '1e9'"),
+        (-5, "size must not be negative, got -5"),
+        (True, "size must be a number of bytes or a string like '8GiB', not True"),
+        (3.5, "size must be an int or a string like '8GiB', not float"),
+    ],
+)
+def test_parse_size_rejects_garbage_with_config_error(text: object, match: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(match)):
         parse_size(text)  # type: ignore[arg-type]
 
 
@@ -83,25 +95,25 @@ def test_from_env_rejects_bad_values() -> None:
 
 
 @pytest.mark.parametrize(
-    "build",
+    ("build", "match"),
     [
-        lambda: StoreConfig(max_concurrency=0),
-        lambda: StoreConfig(backend="ftp"),  # type: ignore[arg-type]
-        lambda: StoreConfig(retry_budget_s=0),
-        lambda: CacheConfig(max_bytes=10),
-        lambda: CacheConfig(ram_bytes=-1),
-        lambda: PrefetchConfig(depth=0),
-        lambda: PrefetchConfig(threads=0),
+        (lambda: StoreConfig(max_concurrency=0), "max_concurrency must be in 1..4096, got 0"),
+        (lambda: StoreConfig(backend="ftp"), "unknown store backend 'ftp'"),  # type: ignore[arg-type]
+        (lambda: StoreConfig(retry_budget_s=0), "retry_budget_s must be positive, got 0"),
+        (lambda: CacheConfig(max_bytes=10), "cache max_bytes must be at least 1 MiB, got 10"),
+        (lambda: CacheConfig(ram_bytes=-1), "cache ram_bytes must not be negative, got -1"),
+        (lambda: PrefetchConfig(depth=0), "prefetch depth must be in 1..1024, got 0"),
+        (lambda: PrefetchConfig(threads=0), "prefetch threads must be in 1..256, got 0"),
     ],
 )
-def test_dataclasses_validate_in_post_init(build: object) -> None:
-    with pytest.raises(ConfigError):
+def test_dataclasses_validate_in_post_init(build: object, match: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(match)):
         build()  # type: ignore[operator]
 
 
 def test_configs_are_frozen() -> None:
     cfg = StoreConfig()
-    with pytest.raises(AttributeError):
+    with pytest.raises(AttributeError, match="cannot assign to field 'max_concurrency'"):
         cfg.max_concurrency = 3  # type: ignore[misc]
 
 
@@ -130,10 +142,10 @@ def test_check_int_refuses_bools_floats_and_out_of_range_and_says_what_it_wanted
 
 def test_check_int_takes_numpy_integers_only_when_asked() -> None:
     np = pytest.importorskip("numpy")
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="n must be a non-negative int, got"):
         check_int("n", np.int64(3), 0)
     value = check_int("n", np.int64(3), 0, integral=True)
     assert value == 3
     assert type(value) is int
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="n must be a non-negative int, got"):
         check_int("n", np.bool_(True), 0, integral=True)

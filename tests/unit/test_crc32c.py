@@ -165,7 +165,7 @@ def test_a_flipped_byte_anywhere_fails_the_verified_gather_of_any_field(field: s
         assert got[0] in ("DecodeError", "KeyError")
         if got[0] == "DecodeError":
             assert got[1] == 1
-        with pytest.raises(DecodeError) as caught:
+        with pytest.raises(DecodeError, match=r"^record 1, byte \d+: ") as caught:
             native.decode_batch(batch, True)
         if got[0] == "DecodeError":
             assert got[1:] == (caught.value.index, caught.value.offset, caught.value.message)

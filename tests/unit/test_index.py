@@ -273,7 +273,7 @@ def test_immutable_index_with_changed_object_never_returns_wrong_bytes(
 ) -> None:
     index = open_index(str(tar_shards), cache_dir=cache(tmp_path))
     (tar_shards / "train-2.tar").write_bytes(b"\0" * 100)
-    with pytest.raises((CorruptRecordError, ObjectChangedError)):
+    with pytest.raises((CorruptRecordError, ObjectChangedError), match=r"train-2\.tar"):
         index.read_samples(Store(index.url), [12])
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -352,23 +353,25 @@ def test_stats_report_waits_throughput_and_tiers(files_dataset: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    ("kwargs", "match"),
     [
-        {"batch_size": 0},
-        {"batch_size": "8"},
-        {"num_workers": -1},
-        {"sampler": [1, 2]},
-        {"batch_sampler": [[1]]},
-        {"collate_fn": 3},
-        {"drop_last": "yes"},
-        {"world_size": 2, "rank": 2},
-        {"device": "tpu:x"},
-        {"metrics_port": -1},
+        ({"batch_size": 0}, "batch_size must be a positive int, got 0"),
+        ({"batch_size": "8"}, "batch_size must be a positive int, got '8'"),
+        ({"num_workers": -1}, "num_workers must be a non-negative int, got -1"),
+        ({"sampler": [1, 2]}, "sampler and batch_sampler are not supported; use shuffle="),
+        ({"batch_sampler": [[1]]}, "sampler and batch_sampler are not supported; use shuffle="),
+        ({"collate_fn": 3}, "collate_fn must be callable, got 3"),
+        ({"drop_last": "yes"}, "drop_last must be True or False, got 'yes'"),
+        ({"world_size": 2, "rank": 2}, "rank must be an int in 0..1, got 2"),
+        ({"device": "tpu:x"}, "device 'tpu:x' is not a torch device"),
+        ({"metrics_port": -1}, "metrics_port must be an int in 0..65535, got -1"),
     ],
 )
-def test_loader_rejects_bad_arguments(files_dataset: Any, kwargs: dict[str, Any]) -> None:
+def test_loader_rejects_bad_arguments(
+    files_dataset: Any, kwargs: dict[str, Any], match: str
+) -> None:
     url, _, cache = files_dataset
-    with _dataset(url, cache) as ds, pytest.raises(ConfigError):
+    with _dataset(url, cache) as ds, pytest.raises(ConfigError, match=re.escape(match)):
         fastdata.DataLoader(ds, **kwargs)
 
 
@@ -396,24 +399,26 @@ def test_cuda_device_copies_batches_from_pinned_buffers(files_dataset: Any) -> N
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    ("kwargs", "match"),
     [
-        {"shuffle": "sideways"},
-        {"transform": "x"},
-        {"fields": "data"},
-        {"cache_bytes": "lots"},
-        {"consistency": "sometimes"},
+        ({"shuffle": "sideways"}, "shuffle must be True, False, 'auto'"),
+        ({"transform": "x"}, "transform must be callable, got 'x'"),
+        ({"fields": "data"}, "fields must be a sequence of field names, got 'data'"),
+        ({"cache_bytes": "lots"}, "cannot parse size 'lots'"),
+        ({"consistency": "sometimes"}, "consistency must be 'validate' or 'immutable'"),
     ],
 )
-def test_dataset_rejects_bad_arguments(files_dataset: Any, kwargs: dict[str, Any]) -> None:
+def test_dataset_rejects_bad_arguments(
+    files_dataset: Any, kwargs: dict[str, Any], match: str
+) -> None:
     url, _, cache = files_dataset
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match=re.escape(match)):
         _dataset(url, cache, **kwargs)
 
 
 def test_dataset_on_an_empty_prefix_is_a_config_error(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match=r"no objects found under .*empty': check the URL"):
         fastdata.Dataset(f"file://{tmp_path / 'empty'}", cache_dir=tmp_path / "cache")
 
 

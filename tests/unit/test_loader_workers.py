@@ -84,9 +84,9 @@ def test_getitem_reads_one_sample_through_the_cache(files_dataset: Any) -> None:
         assert sample["__id__"] == 5
         assert type(sample["label"]) is int
         assert ds[-1]["__id__"] == 202
-        with pytest.raises(IndexError):
+        with pytest.raises(IndexError, match=r"sample id 203 is outside 0\.\.202 of fastdata"):
             ds[203]
-        with pytest.raises(ConfigError):
+        with pytest.raises(ConfigError, match="sample id must be an int, got 'a'"):
             ds["a"]  # type: ignore[index]
 
 

@@ -175,7 +175,7 @@ def test_source_error_is_delivered_after_the_batches_before_it() -> None:
 
     p = Prefetcher(source(), lambda i: i, config=_cfg())
     assert [next(p), next(p), next(p)] == [0, 1, 2]
-    with pytest.raises(KeyError) as info:
+    with pytest.raises(KeyError, match="index file vanished") as info:
         next(p)
     assert "planning batch 3" in " ".join(info.value.__notes__)
     assert p.closed
@@ -192,7 +192,7 @@ def test_source_error_with_a_hint_still_delivers_every_batch_before_it(hint_batc
         source(), lambda i: i, config=_cfg(hint_batches=hint_batches), hint=hinted.extend
     )
     assert [next(p) for _ in range(10)] == list(range(10))
-    with pytest.raises(KeyError) as info:
+    with pytest.raises(KeyError, match="index file vanished") as info:
         next(p)
     assert "planning batch 10" in " ".join(info.value.__notes__)
     assert hinted == list(range(10))
@@ -269,9 +269,14 @@ def test_close_mid_epoch_discards_undelivered_results_and_leaves_no_fd(tmp_path:
     discarded: list[int] = []
     fds_before = _open_fds()
 
+    ahead = threading.Semaphore(0)  # released by each fetch past the first
+
     def fetch(i: int) -> _FileResult:
         time.sleep(0.002)
-        return _FileResult(path)
+        result = _FileResult(path)
+        if i:
+            ahead.release()
+        return result
 
     def discard(result: _FileResult) -> None:
         result.file.close()
@@ -280,7 +285,7 @@ def test_close_mid_epoch_discards_undelivered_results_and_leaves_no_fd(tmp_path:
     p = Prefetcher(range(500), fetch, config=_cfg(depth=6, threads=3), discard=discard)
     first = next(p)
     first.file.close()
-    time.sleep(0.05)  # let the workers fill the reorder buffer
+    assert ahead.acquire(timeout=60)  # a batch past the first was fetched, undelivered
     p.close()
     assert p.closed
     assert _prefetch_threads() == []
@@ -290,20 +295,37 @@ def test_close_mid_epoch_discards_undelivered_results_and_leaves_no_fd(tmp_path:
     assert _open_fds() == fds_before
 
 
+def _joins_workers(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is inside the prefetcher's shutdown, joining a worker."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    names = set()
+    while frame is not None:
+        names.add((frame.f_code.co_name, Path(frame.f_code.co_filename).name))
+        frame = frame.f_back
+    return ("_shutdown", "prefetcher.py") in names and ("join", "threading.py") in names
+
+
 def test_close_waits_for_a_fetch_in_progress_and_discards_it() -> None:
     entered = threading.Event()
     discarded: list[int] = []
+    closer = threading.current_thread()
+    close_was_waiting: list[bool] = []
 
     def fetch(i: int) -> int:
         if i == 1:
             entered.set()
-            time.sleep(0.3)
+            # Return only once close() is joining this worker (60 s is a hang guard).
+            deadline = time.monotonic() + 60.0
+            while not _joins_workers(closer) and time.monotonic() < deadline:
+                time.sleep(0.002)
+            close_was_waiting.append(_joins_workers(closer))
         return i
 
     p = Prefetcher(range(5), fetch, config=_cfg(depth=2, threads=2), discard=discarded.append)
     assert next(p) == 0
     assert entered.wait(10)
     p.close()
+    assert close_was_waiting == [True]
     assert _prefetch_threads() == []
     assert 1 in discarded
 
@@ -319,7 +341,7 @@ def test_keyboard_interrupt_while_waiting_closes_the_prefetcher(sigint_raises: N
     holder.append(weakref.ref(p))
     presser = _ctrl_c_once_the_consumer_waits()
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt, match=r"^$"):  # the bare one Ctrl-C raises
             next(p)
     finally:
         presser.join()
@@ -331,11 +353,11 @@ def _train_until_ctrl_c() -> None:
     with Prefetcher(range(100), lambda i: i, config=_cfg()) as p:
         for i in p:
             if i == 2:
-                raise KeyboardInterrupt
+                raise KeyboardInterrupt("ctrl-c at batch 2")
 
 
 def test_keyboard_interrupt_in_the_loop_body_inside_with_closes() -> None:
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt, match="ctrl-c at batch 2"):
         _train_until_ctrl_c()
     assert _prefetch_threads() == []
 
@@ -432,12 +454,12 @@ def test_every_way_of_stopping_leaves_no_thread_fd_or_buffer(
             assert next(p, None) is None
         elif mode == "error":
             _consume(p, mode, 5)
-            with pytest.raises(CustomFetchError):
+            with pytest.raises(CustomFetchError, match="bad record"):
                 next(p)
         else:
             _consume(p, mode, 5)
             presser = _ctrl_c_once_the_consumer_waits()
-            with pytest.raises(KeyboardInterrupt):
+            with pytest.raises(KeyboardInterrupt, match=r"^$"):  # the bare one of Ctrl-C
                 next(p)
             presser.join()
         del p  # "gc" relies on this alone; the other modes have stopped already

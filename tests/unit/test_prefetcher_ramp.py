@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from fastdata.config import PrefetchConfig
@@ -14,37 +15,60 @@ from fastdata.prefetch import Prefetcher
 class _Tracker:
     """Records which fetches were running or done when each fetch started."""
 
-    def __init__(self, slow: dict[int, float]) -> None:
+    def __init__(self, hold: dict[int, Callable[[], None]] | None = None) -> None:
         self.lock = threading.Lock()
         self.running: set[int] = set()
         self.done: set[int] = set()
         self.seen_at_start: dict[int, tuple[set[int], set[int]]] = {}
-        self.slow = slow
+        self.hold = hold or {}
 
     def fetch(self, i: int) -> int:
         with self.lock:
             self.seen_at_start[i] = (set(self.running), set(self.done))
             self.running.add(i)
-        time.sleep(self.slow.get(i, 0.0))
+        self.hold.get(i, lambda: None)()
         with self.lock:
             self.running.discard(i)
             self.done.add(i)
         return i
 
 
+def _waits_in_prefetcher(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is inside ``Prefetcher._wait_for`` (waiting for a batch)."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_wait_for" and code.co_filename.endswith("prefetcher.py"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def test_first_batch_is_fetched_alone() -> None:
-    tracker = _Tracker(slow={0: 0.2})
+    consumer = threading.current_thread()
+    consumer_waited: list[bool] = []
+
+    def until_the_consumer_waits() -> None:
+        # Batch 0 returns only once the consumer waits for it: from then on only the
+        # workers could start more (a state the test sets up, not a moment it must hit).
+        deadline = time.monotonic() + 60.0  # a hang guard
+        while not _waits_in_prefetcher(consumer) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        consumer_waited.append(_waits_in_prefetcher(consumer))
+
+    tracker = _Tracker(hold={0: until_the_consumer_waits})
     config = PrefetchConfig(depth=8, threads=4)
     with Prefetcher(range(40), tracker.fetch, config=config) as p:
+        assert p.stats().in_flight == 1  # only batch 0 was submitted
         assert next(p) == 0
+        assert consumer_waited == [True]
         # While batch 0 was in flight, nothing else had been started.
         assert all(0 in tracker.seen_at_start[i][1] for i in tracker.seen_at_start if i)
         assert list(p) == list(range(1, 40))
 
 
 def test_window_doubles_with_each_delivered_batch_up_to_depth() -> None:
-    gate = threading.Event()
-    tracker = _Tracker(slow={})
+    tracker = _Tracker()
     config = PrefetchConfig(depth=8, threads=8)
     delivered = 0
     in_flight: list[int] = []
@@ -52,12 +76,12 @@ def test_window_doubles_with_each_delivered_batch_up_to_depth() -> None:
         for i in p:
             assert i == delivered
             delivered += 1
-            gate.wait(0.02)  # let the workers take whatever the window allows
+            # Batches are submitted on this thread, inside next(): the count is exact
+            # here, whatever the workers are doing.
             in_flight.append(p.stats().in_flight)
-    # After k deliveries at most 2**k batches are submitted and not yet delivered.
-    for k, count in enumerate(in_flight, start=1):
-        assert count <= min(8, 2**k), (k, in_flight)
-    assert max(in_flight) == 8
+    # After k deliveries exactly min(depth, 2**k) batches are submitted and not yet
+    # delivered (fewer only where the plan runs out).
+    assert in_flight == [min(8, 2**k, 60 - k) for k in range(1, 61)]
 
 
 def test_without_ramp_two_batches_start_together_then_the_whole_window() -> None:

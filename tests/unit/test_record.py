@@ -210,7 +210,7 @@ def test_compress_argument_errors(compress: Any, message: str) -> None:
 def test_decode_errors_name_sample_and_offset(backend: Any) -> None:
     rec = bytearray(encode({"a": b"hello"}))
     rec[100] ^= 1
-    with pytest.raises(CorruptRecordError) as info:
+    with pytest.raises(CorruptRecordError, match="sample 42: malformed record at byte 20") as info:
         decode(bytes(rec), sample_id=42)
     assert (info.value.sample_id, info.value.offset) == (42, 20)
     assert "sample 42" in str(info.value)
@@ -267,7 +267,9 @@ def test_to_record_encodes_mappings_and_passes_raw_records(backend: Any) -> None
     assert decode(rec) == {"a": 1}
     view = memoryview(rec)
     assert to_record(FakeRawRecord(view)) is view
-    with pytest.raises(CorruptRecordError):
+    with pytest.raises(
+        CorruptRecordError, match="length field says 72 bytes but the buffer holds 71"
+    ):
         to_record(FakeRawRecord(rec[:-1]))
     with pytest.raises(ConfigError, match="mapping of fields or a RawRecord, not int"):
         to_record(5)

@@ -82,10 +82,8 @@ def test_a_failed_fetch_releases_its_claim() -> None:
     def broken(rids: list[int]) -> dict[int, dict[int, tuple[Any, int]]]:
         raise OSError("store down")
 
-    try:
+    with pytest.raises(OSError, match="store down"):
         memo.read([1], [0], broken)
-    except OSError:
-        pass
     fetch = Fetcher()
     assert read(memo, [1], fetch) == [1]
     assert fetch.calls == [[0]]

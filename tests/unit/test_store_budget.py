@@ -95,7 +95,9 @@ def test_a_fault_longer_than_the_budget_fails_once_at_its_end_saying_what_and_ho
     async def timed() -> float:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        with pytest.raises(StoreError) as excinfo:
+        with pytest.raises(
+            StoreError, match=r"connection refused .*\(retry budget of 1 s spent\)"
+        ) as excinfo:
             await retrying(outage, CTX, env)
         elapsed = loop.time() - started
         message = str(excinfo.value)
@@ -120,7 +122,9 @@ def test_mixed_faults_are_each_named_with_their_counts() -> None:
         raise next(faults)
 
     env = _env(RetryPolicy(None, 0.5, 0.01, 0.02))
-    with pytest.raises(StoreError) as excinfo:
+    with pytest.raises(
+        StoreError, match=r"HTTP 503 SlowDown .*retry budget of 0\.5 s spent"
+    ) as excinfo:
         asyncio.run(retrying(attempt, CTX, env))
     message = str(excinfo.value)
     assert re.search(
@@ -152,7 +156,7 @@ def test_a_body_that_stays_corrupted_raises_corrupt_record_error_naming_object_a
 
     ctx = OpContext("get", "s3://bucket/key", None, (100, 200))
     env = _env(RetryPolicy(None, 0.5, 0.01, 0.02))
-    with pytest.raises(CorruptRecordError) as excinfo:
+    with pytest.raises(CorruptRecordError, match="kept returning corrupted bytes") as excinfo:
         asyncio.run(retrying(corrupt, ctx, env))
     message = str(excinfo.value)
     assert "s3://bucket/key" in message

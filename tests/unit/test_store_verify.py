@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+import re
 import zlib
 
 import google_crc32c
@@ -98,7 +99,9 @@ def test_an_etag_that_two_identical_bodies_contradict_is_not_an_md5(
 ) -> None:
     verifier = _verifier("always")
     job = _job(etag="0" * 32)
-    with pytest.raises(CorruptTransfer):
+    with pytest.raises(
+        CorruptTransfer, match=r"MD5 of the 10240-byte body of 'k\.bin' is .*its ETag"
+    ):
         verifier.check(job, DATA)
     job.restart()
     job.note_response(len(DATA), "0" * 32)
@@ -114,7 +117,7 @@ def test_verify_transfers_is_validated_and_read_from_the_environment() -> None:
         StoreConfig(verify_transfers="sometimes")  # type: ignore[arg-type]
     env = {"FASTDATA_STORE_VERIFY_TRANSFERS": "always"}
     assert FastdataConfig.from_env(env).store.verify_transfers == "always"
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="FASTDATA_STORE_VERIFY_TRANSFERS='yes': choose one of"):
         FastdataConfig.from_env({"FASTDATA_STORE_VERIFY_TRANSFERS": "yes"})
 
 
@@ -126,7 +129,12 @@ def test_count_corrupt_transfer_counts_and_checks_its_arguments(
         store.count_corrupt_transfer("shard-0.bin", 100, 200)
     assert store.stats().corrupt_transfers == 1
     assert "bytes [100, 200) of memory://fastdata-verify-count/shard-0.bin" in caplog.text
-    for bad in [("", 0, 1), ("/abs", 0, 1), ("k", -1, None), ("k", 5, 2)]:
-        with pytest.raises(ConfigError):
+    for bad, match in [
+        (("", 0, 1), "count_corrupt_transfer: object path must be a non-empty str"),
+        (("/abs", 0, 1), "(no leading '/'), got '/abs'"),
+        (("k", -1, None), "ByteRange('k') start must be an int >= 0, got -1"),
+        (("k", 5, 2), "ByteRange('k') end must be None or an int >= start (5), got 2"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(match)):
             store.count_corrupt_transfer(*bad)  # type: ignore[arg-type]
     store.close()

@@ -9,6 +9,7 @@ every rank the same number of batches.
 from __future__ import annotations
 
 import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -213,14 +214,17 @@ def test_worker_processes_read_blocks(tmp_path: Path) -> None:
 
 def test_bad_arguments_are_refused(tmp_path: Path) -> None:
     _flat(tmp_path / "c", [100])
-    for kwargs in (
-        {"block_size": 0},
-        {"block_size": 8, "tail": "keep"},
-        {"block_size": 8, "dtype": "float32"},
-        {"block_size": 1000},
-        {"block_size": 8, "column": "x", "dtype": "uint16"},
+    for kwargs, match in (
+        ({"block_size": 0}, "block_size must be a positive int, got 0"),
+        ({"block_size": 8, "tail": "keep"}, "tail must be 'drop' or 'pad', got 'keep'"),
+        ({"block_size": 8, "dtype": "float32"}, "dtype must be one of uint8, int8,"),
+        ({"block_size": 1000}, "holds 100 tokens: not one block of 1000"),
+        (
+            {"block_size": 8, "column": "x", "dtype": "uint16"},
+            "dtype is for flat token files; a Parquet column has its own type",
+        ),
     ):
-        with pytest.raises(ConfigError):
+        with pytest.raises(ConfigError, match=re.escape(match)):
             fastdata.TokenDataset(tmp_path / "c", cache_dir=tmp_path / "cache", **kwargs)
 
 
@@ -491,7 +495,8 @@ def test_resume_mid_epoch_over_many_chunks_in_another_world_size(tmp_path: Path)
     assert len(ds) - len(seen) < 3 * 8  # only the drop_last tail, never a repeat
     other = fastdata.TokenDataset(tmp_path / "c", cache_dir=cache, block_size=16)
     loader = fastdata.DataLoader(other, batch_size=8, world_size=3, rank=0, drop_last=True)
-    with pytest.raises(ConfigError):  # another chunk size is another order
+    # another chunk size is another order
+    with pytest.raises(ConfigError, match="the plan state was taken on another epoch order"):
         loader.load_state_dict(states[0])
     other.close()
 
@@ -514,8 +519,12 @@ def test_chunk_keys_follow_the_objects_they_cover(tmp_path: Path) -> None:
 
 def test_bad_chunk_arguments_are_refused(tmp_path: Path) -> None:
     _flat(tmp_path / "c", [100])
-    for kwargs in ({"chunk_bytes": 0}, {"chunk_bytes": "lots"}, {"window_chunks": 0}):
-        with pytest.raises(ConfigError):
+    for kwargs, match in (
+        ({"chunk_bytes": 0}, "chunk_bytes must be positive, got 0"),
+        ({"chunk_bytes": "lots"}, "cannot parse size 'lots'"),
+        ({"window_chunks": 0}, "window_chunks must be an int in 1..4096, got 0"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(match)):
             fastdata.TokenDataset(tmp_path / "c", block_size=8, cache_dir=tmp_path / "x", **kwargs)
 
 
