@@ -247,7 +247,7 @@ class ParquetLayout:
             for info, scan, meta in zip(objects, footers, metadata, strict=True)
         ]
         chosen = sorted(set(nulls) | set(self.nulls or ()))
-        kinds = _field_kinds([m.schema.to_arrow_schema() for m in metadata], self.fields)
+        kinds = _field_kinds([m.schema.to_arrow_schema() for m in metadata], self.fields, chosen)
         return BuildResult(
             rows=concat_scans(scans),
             extras=[s.extra for s in scans],
@@ -581,8 +581,13 @@ def _list_child(
     return np.asarray(child.to_numpy(zero_copy_only=False))
 
 
-def _field_kinds(schemas: Sequence[Any], fields: Sequence[str] | None) -> dict[str, str]:
-    """NOTE[field-kinds]: each chosen column's kind from the Arrow schemas of the files.
+def _field_kinds(
+    arrow_schemas: Sequence[Any], fields: Sequence[str] | None, masks: Sequence[str] = ()
+) -> dict[str, str]:
+    """NOTE[field-kinds]: the kind of every field a batch carries, from the Arrow schemas
+    of the files: one per output of ``_parquet_schema.file_schema`` (struct leaves by
+    their path, an HF ``Image()``/``Audio()`` column as its ``bytes`` leaf: ``"bytes"``)
+    and ``"scalar"`` for the ``.valid`` mask of each field in ``masks``.
 
     ``list``/``large_list`` columns are ``"var"`` (a VarTensor in every batch),
     ``fixed_size_list`` columns ``"fixed"``; a column that is a fixed-size list in one
@@ -590,15 +595,24 @@ def _field_kinds(schemas: Sequence[Any], fields: Sequence[str] | None) -> dict[s
     """
     kinds: dict[str, str] = {}
     seen: set[str] = set()
-    for schema in schemas:
+    for schema in arrow_schemas:
         key = schema.to_string()
         if key in seen:
             continue
         seen.add(key)
-        for name, kind in zip(schema.names, schema.types, strict=True):
-            if fields is not None and name not in fields:
-                continue
-            found = _kind_of(kind)
-            before = kinds.get(name)
-            kinds[name] = "var" if "var" in (before, found) else found
+        for output in schemas.select(schemas.file_schema(schema), fields)[0]:
+            found = _kind_of(_leaf_type(schema, output))
+            before = kinds.get(output.name)
+            kinds[output.name] = "var" if "var" in (before, found) else found
+    for name in masks:
+        if name in kinds:
+            kinds[name + VALID_SUFFIX] = "scalar"
     return kinds
+
+
+def _leaf_type(schema: pa.Schema, output: Output) -> pa.DataType:
+    """The Arrow type at the end of ``output.path`` (struct children down the path)."""
+    kind: Any = schema.field(output.path[0]).type
+    for name in output.path[1:]:
+        kind = kind.field(kind.get_field_index(name)).type
+    return cast("pa.DataType", kind)
