@@ -334,6 +334,11 @@ class Dataset(IterableDataset[Any]):
         """This rank's plan of ``epoch`` from ``cursor`` on: the one place plans are built."""
         return EpochPlan(self.order(epoch, config), world_size=world_size, rank=rank, cursor=cursor)
 
+    def dropped_tokens(self, plan: EpochPlan) -> int | None:
+        """Corpus tokens ``plan``'s epoch leaves out: ``None``, a dataset of samples has no
+        tokens (:meth:`fastdata.TokenDataset.dropped_tokens` counts them)."""
+        return None
+
     def shard_sizes(self) -> np.ndarray:
         """Samples per source object, in id order (the shards of ``shard_window``)."""
         return self.index.shard_sizes()

@@ -14,7 +14,10 @@ deterministically (a pure function of seed and epoch), gives every rank the same
 of batches, and resumes exactly, in any world size. Every token lands in exactly one
 block per epoch (as an input token); the tail that does not fill a block is dropped and
 counted (``tail="drop"``, reported as ``dropped_tokens``) or padded with ``pad_id``
-(``tail="pad"``).
+(``tail="pad"``). The padded block is the last position of every epoch order (whatever
+the shuffle), so under ``drop_last`` it is the first to go and never displaces a whole
+block; the tokens an epoch delivers to no rank (that tail and the blocks of the plan's
+dropped tail) are ``TokenDataset.dropped_tokens(plan)``, ``LoaderStats.dropped_tokens``.
 
 NOTE[token-chunks]: blocks are small (2 KiB for ``T=1024`` ``uint16``), so a block is
 not the unit of reading or caching: per-block requests and cache entries cost 10-300x

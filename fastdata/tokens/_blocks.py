@@ -77,7 +77,13 @@ class BlockIndex:
         covered = min(n, self.num_blocks * t + (1 if targets and self.num_blocks else 0))
         self.dropped_tokens = n - covered if tail == "drop" else 0
         """Tokens of the tail that fill no block (``tail="drop"``); every other token is
-        an input token of exactly one block."""
+        an input token of exactly one block. What one epoch of a loader leaves out
+        besides (blocks of the plan's dropped tail) is ``DataLoader.stats().dropped_tokens``."""
+        self._inputs = inputs
+        self.padded_blocks = int(tail == "pad" and inputs % t != 0)
+        """1 when the last block is padded, else 0: it is the last of every epoch order
+        (``EpochOrder(last_fixed=...)``), so it never takes a whole block's place in the
+        batches ``drop_last`` keeps."""
         self.chunk_blocks = max(1, chunk_bytes // (block_size * dtype.itemsize))
         """Blocks per chunk, ``C`` (NOTE[token-chunks])."""
         self.num_chunks = -(-self.num_blocks // self.chunk_blocks)
@@ -142,6 +148,13 @@ class BlockIndex:
     def field_kinds(self) -> dict[str, str]:
         """One fixed-shape field (NOTE[field-kinds])."""
         return {TOKENS: "fixed"}
+
+    def input_tokens(self, sample_ids: Any) -> int:
+        """Corpus tokens the blocks ``sample_ids`` deliver as inputs (``T`` each; the
+        padded block its real tokens only)."""
+        ids = self._ids(sample_ids)
+        starts = ids * self.block_size
+        return int(np.minimum(self.block_size, self._inputs - starts).sum())
 
     def _ids(self, sample_ids: Any) -> np.ndarray:
         ids = np.asarray(sample_ids, dtype=np.int64).reshape(-1)

@@ -254,9 +254,28 @@ class TokenDataset(Dataset):
         (chunks are the shards, ``config.window_samples`` blocks a window), else as
         ``config.shuffle`` says (NOTE[token-chunks]). The same on every rank and worker."""
         config = config or self.plan_config
+        fixed = self.blocks.padded_blocks  # a padded block is always last (issue 20)
         if config.shuffle in ("auto", "shard_window"):
-            return EpochOrder(len(self), config, epoch=epoch, shard_sizes=self.blocks.chunk_sizes())
-        return EpochOrder(len(self), config, epoch=epoch)
+            sizes = self.blocks.chunk_sizes()
+            return EpochOrder(len(self), config, epoch=epoch, shard_sizes=sizes, last_fixed=fixed)
+        return EpochOrder(len(self), config, epoch=epoch, last_fixed=fixed)
+
+    def dropped_tokens(self, plan: EpochPlan) -> int:
+        """Corpus tokens the epoch of ``plan`` delivers to no rank: the tail in no block
+        (``blocks.dropped_tokens``) and the input tokens of the blocks of the plan's
+        dropped tail (``drop_last``, or fewer leftover blocks than ranks). The same on
+        every rank.
+
+        Raises:
+            ConfigError: ``plan`` is not an ``EpochPlan`` over this dataset's blocks.
+        """
+        if not isinstance(plan, EpochPlan) or plan.order.num_samples != len(self):
+            raise ConfigError(
+                f"plan must be an EpochPlan over the {len(self)} blocks, got {plan!r}"
+            )
+        end = plan.order.num_samples
+        dropped = plan.order.ids(end - plan.dropped_samples, end)
+        return self.blocks.dropped_tokens + self.blocks.input_tokens(dropped)
 
     def fetch_batch(self, sample_ids: np.ndarray, *, on_error: OnError | None = None) -> Batch:
         """One batch of blocks: ``{"tokens": Tensor[B, L], "__id__": ids}``, gathered
