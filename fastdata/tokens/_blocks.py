@@ -92,12 +92,15 @@ class BlockIndex:
         self.dataset_id = base.dataset_id
         self.store_identity = base.store_identity
         self.storage_options = base.storage_options
+        self.eos_id = pieces.eos_id
+        """The end-of-text token between documents, ``None`` for none (NOTE[token-eos])."""
+        eos = [] if self.eos_id is None else [["eos", int(self.eos_id)]]  # older keys kept
         settings = json.dumps(
-            [base.fingerprint, block_size, self.length, dtype.str, column, tail, pad_id]
+            [base.fingerprint, block_size, self.length, dtype.str, column, tail, pad_id, *eos]
         )
         self.fingerprint = hashlib.blake2b(settings.encode(), digest_size=16).hexdigest()
         """The source fingerprint and the block settings (a checkpoint's guard)."""
-        content = json.dumps(["token-chunk", _CHUNK_FORMAT, dtype.str, column])
+        content = json.dumps(["token-chunk", _CHUNK_FORMAT, dtype.str, column, *eos])
         self._recipe = _word(content, b"fastdata-tokchk")
         self._salt = (
             _word(base.store_identity + content, b"fastdata-tokfp0"),

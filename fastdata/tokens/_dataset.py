@@ -43,7 +43,7 @@ from fastdata.store import normalize_url
 from fastdata.tokens._blocks import DEFAULT_CHUNK_BYTES, TOKENS, BlockIndex
 from fastdata.tokens._chunks import READAHEAD_THREADS, ChunkReader
 from fastdata.tokens._parquet import ParquetPieces
-from fastdata.tokens._pieces import FlatPieces, TokenPieces, flat_dtype
+from fastdata.tokens._pieces import FlatPieces, TokenPieces, check_eos, flat_dtype
 
 __all__ = ["DEFAULT_WINDOW_CHUNKS", "TokenDataset"]
 
@@ -101,6 +101,11 @@ class TokenDataset(Dataset):
             (``dropped_tokens``, fewer than ``T``); ``"pad"``: a last, partial block
             padded with ``pad_id``.
         pad_id: The padding token of ``tail="pad"``.
+        eos_id: An end-of-text token inserted between documents (NOTE[token-eos]): each
+            Parquet row is a document, and so is each flat token file. ``None``
+            (default): documents back to back. The eos tokens are corpus tokens (in
+            ``total_tokens`` and the blocks) and part of the corpus's identity (chunk
+            cache keys, the checkpoint guard). An int of the token dtype's range.
         out_dtype: Dtype of the delivered tensors (``torch.int64`` for ``nn.Embedding``).
         pattern: Objects to read (default ``**/*.bin`` for flat files, ``**/*.parquet``).
         shuffle: ``True`` (``"auto"``, default) or ``"shard_window"``: the chunk walk,
@@ -132,6 +137,7 @@ class TokenDataset(Dataset):
         targets: bool = False,
         tail: Literal["drop", "pad"] = "drop",
         pad_id: int = 0,
+        eos_id: int | None = None,
         out_dtype: torch.dtype = torch.int64,
         pattern: str | None = None,
         shuffle: bool | ShuffleMode = True,
@@ -164,6 +170,11 @@ class TokenDataset(Dataset):
             raise ConfigError("dtype is for flat token files; a Parquet column has its own type")
         if not isinstance(pad_id, int) or isinstance(pad_id, bool):
             raise ConfigError(f"pad_id must be an int, got {pad_id!r}")
+        if eos_id is not None and (not isinstance(eos_id, int) or isinstance(eos_id, bool)):
+            raise ConfigError(f"eos_id must be None or an int token id, got {eos_id!r}")
+        flat = flat_dtype(dtype) if column is None else None
+        if flat is not None:
+            check_eos(eos_id, flat)  # before the corpus is listed
         if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int | str):
             raise ConfigError(f"chunk_bytes must be an int or a size string, got {chunk_bytes!r}")
         chunk_nbytes = parse_size(chunk_bytes)
@@ -195,9 +206,9 @@ class TokenDataset(Dataset):
         self.window_chunks = window_chunks
         base = self.spec.open(self.spec.store(self.config.store), self.config.cache.resolved_dir())
         pieces: TokenPieces = (
-            FlatPieces.of(base, flat_dtype(dtype))
-            if column is None
-            else ParquetPieces.of(base, column)
+            FlatPieces.of(base, flat, eos_id)
+            if flat is not None
+            else ParquetPieces.of(base, cast(str, column), eos_id)
         )
         blocks = BlockIndex(
             pieces,
