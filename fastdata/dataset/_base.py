@@ -208,6 +208,11 @@ class BaseDataset(IterableDataset[Any], Generic[RuntimeT]):
         """This rank's plan of ``epoch`` from ``cursor`` on: the one place plans are built."""
         return EpochPlan(self.order(epoch, config), world_size=world_size, rank=rank, cursor=cursor)
 
+    def dropped_tokens(self, plan: EpochPlan) -> int | None:
+        """Corpus tokens ``plan``'s epoch leaves out: ``None``, a dataset of samples has no
+        tokens (:meth:`fastdata.TokenDataset.dropped_tokens` counts them)."""
+        return None
+
     # -- bad samples (NOTE[bad-samples]) -------------------------------------------------
 
     def note_sample(self, exc: BaseException, sample_id: int, what: str) -> None:

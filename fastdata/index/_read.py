@@ -164,8 +164,8 @@ class UnitReader:
             (int(starts[r]), int(starts[r + 1]) if r + 1 < len(starts) else total) for r in rids
         ]
         every = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in bounds])
-        if self.identical:
-            samples = self._read_units(store, every)
+        if self.identical:  # a bad row fails only the reads that ask for it
+            samples = self._read_units(store, every, wanted=wanted)
         else:  # one GET per chunk, whatever the gaps inside it (NOTE[shard-chunks])
             sizes = np.asarray([b - a for a, b in bounds], dtype=np.int64)
             chunk_of = np.repeat(np.arange(len(rids)), sizes)

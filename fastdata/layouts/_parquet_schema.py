@@ -178,8 +178,10 @@ def select(
     return outputs, missing, masks
 
 
-def has_nulls(metadata: pq.FileMetaData, output: Output) -> bool:
-    """Whether the footer's statistics say (or cannot rule out) that ``output`` has nulls.
+def has_nulls(metadata: pq.FileMetaData, output: Output) -> bool | None:
+    """Whether the footer's statistics say that ``output`` has nulls: ``True`` (a null
+    count above 0), ``False`` (every row group counts 0), ``None`` (some row group has no
+    null count, as files written with ``write_statistics=False`` have: unknown).
 
     A list column's leaf statistics count empty lists as nulls too, so they cannot tell
     a null list from an empty one: list fields get no mask, and a null list reads as an
@@ -187,16 +189,21 @@ def has_nulls(metadata: pq.FileMetaData, output: Output) -> bool:
     """
     if output.kind.startswith("list<"):
         return False
+    unknown = False
     for group in range(metadata.num_row_groups):
         rg = metadata.row_group(group)
         if rg.num_rows == 0:
             continue
         for leaf in output.leaves:
             stats = rg.column(leaf).statistics
-            count = stats.null_count if stats is not None else None
-            if count is None or count > 0:
+            count = None
+            if stats is not None and getattr(stats, "has_null_count", True):
+                count = stats.null_count
+            if count is None:
+                unknown = True
+            elif count > 0:
                 return True
-    return False
+    return None if unknown else False
 
 
 def _files(paths: Sequence[str]) -> str:
@@ -226,10 +233,13 @@ def check_dataset(
         ConfigError: A chosen field is missing from some files, has a type fastdata cannot
             read, has different types in different files, or has nulls while ``fields``
             does not ask for its mask. The message names the column and the files.
+            A field whose footers carry no null count is not refused: its nulls are
+            unknown until read (NOTE[parquet-nulls]).
     """
     kinds: dict[str, dict[str, list[str]]] = {}
     masks: set[str] = set()
     nulls: dict[str, list[str]] = {}
+    unknown: set[str] = set()
     for path, schema, meta in zip(paths, schemas, metadata, strict=True):
         outputs, missing, asked = select(schema, fields)
         for name in missing:
@@ -245,8 +255,11 @@ def check_dataset(
         masks |= asked
         for output in outputs:
             kinds.setdefault(output.name, {}).setdefault(output.kind, []).append(path)
-            if has_nulls(meta, output):
+            found = has_nulls(meta, output)
+            if found:
                 nulls.setdefault(output.name, []).append(path)
+            elif found is None:  # no statistics: masked when every field is read
+                unknown.add(output.name)
     for name, by_kind in kinds.items():
         if len(by_kind) > 1:
             parts = "; ".join(f"{kind} in {_files(files)}" for kind, files in by_kind.items())
@@ -272,7 +285,7 @@ def check_dataset(
                 "where the value is null (nulls read as 0, NaN, False, '' or b'')"
             )
         return sorted(masks & set(kinds))
-    return sorted(nulls)
+    return sorted(set(nulls) | unknown)
 
 
 def _raise_missing(

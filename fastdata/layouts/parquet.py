@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fastdata.errors import ConfigError
+from fastdata.errors import ConfigError, CorruptRecordError
 from fastdata.layouts import _parquet_schema as schemas
 from fastdata.layouts._parquet_schema import VALID_SUFFIX, Output
 from fastdata.layouts.base import (
@@ -223,7 +223,11 @@ class ParquetLayout:
         option with the index (``BuildResult.options``). So every record of the dataset
         has the same fields, and a new file with nulls in a column that had none changes
         ``record_options`` and with it every cache key: old records without the mask are
-        never mixed with new ones.
+        never mixed with new ones. A footer without a null count (``write_statistics=
+        False``) says nothing: with ``fields=None`` the field gets its mask, with chosen
+        fields it is read without one, and a null that does arrive there is a bad sample
+        (``CorruptRecordError`` naming the object, row group, row and column, skipped
+        under ``on_error="skip"``: NOTE[bad-samples]), never a silent sentinel.
 
         Raises:
             ConfigError: A chosen column is missing from some files, unreadable, of
@@ -247,7 +251,7 @@ class ParquetLayout:
             for info, scan, meta in zip(objects, footers, metadata, strict=True)
         ]
         chosen = sorted(set(nulls) | set(self.nulls or ()))
-        kinds = _field_kinds([m.schema.to_arrow_schema() for m in metadata], self.fields)
+        kinds = _field_kinds([m.schema.to_arrow_schema() for m in metadata], self.fields, chosen)
         return BuildResult(
             rows=concat_scans(scans),
             extras=[s.extra for s in scans],
@@ -355,7 +359,8 @@ class ParquetLayout:
                 table = table.take(
                     pa.array(unit.rows["aux"][picked].astype(np.int64), type=pa.int64())
                 )
-                samples = self._samples(table, meta.outputs, unit.path, group)
+                at = (unit.sample_ids[picked], unit.rows["aux"][picked])
+                samples = self._samples(table, meta.outputs, unit.path, group, at)
             except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
                 raise corrupt(
                     unit.path, start, f"row group {group} is unreadable ({exc})", sample_id=first_id
@@ -365,19 +370,21 @@ class ParquetLayout:
         return [s for s in out if s is not None]
 
     def _samples(
-        self, table: pa.Table, outputs: list[Output], path: str, group: int
+        self,
+        table: pa.Table,
+        outputs: list[Output],
+        path: str,
+        group: int,
+        at: tuple[np.ndarray, np.ndarray],
     ) -> list[dict[str, Any]]:
+        """The rows of ``table`` as samples (NOTE[parquet-nulls]); ``at`` gives each row's
+        sample id and its row in the row group, for the error of a null."""
         masked = set(self.nulls or ())
         columns: dict[str, list[Any]] = {}
         for output in outputs:
             array = _leaf_array(table, output)
             if array.null_count and output.name not in masked:
-                raise corrupt(
-                    path,
-                    0,
-                    f"column {output.name!r} has nulls in row group {group} although the "
-                    "footers said none when the index was built",
-                )
+                _raise_unmasked_null(array, output.name, path, group, at)
             if output.name in masked:
                 valid = np.asarray(array.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
                 columns[output.name + VALID_SUFFIX] = list(valid)
@@ -392,6 +399,23 @@ class ParquetLayout:
         keys = np.column_stack([rows["obj"].astype(np.uint64), rows["offset"]])
         _, inverse, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
         return (rows["length"] // counts[inverse.ravel()]).astype(np.int64)
+
+
+def _raise_unmasked_null(
+    array: pa.Array[Any], name: str, path: str, group: int, at: tuple[np.ndarray, np.ndarray]
+) -> None:
+    """A null in a field read without its mask: the first such row is a bad sample."""
+    valid = np.asarray(array.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    first = int(np.flatnonzero(~valid)[0])
+    sample_id, row = int(at[0][first]), int(at[1][first])
+    raise CorruptRecordError(
+        f"object {path!r}, row group {group}, row {row}: "
+        f"column {name!r} is null (sample {sample_id}), and its footer statistics said "
+        f"none or nothing when the index was built. Add {name + VALID_SUFFIX!r} to fields "
+        "to read nulls (a bool that is False where the value is null), or skip such rows "
+        "with on_error='skip'",
+        sample_id=sample_id,
+    )
 
 
 def _kind_of(kind: pa.DataType) -> str:
@@ -581,8 +605,13 @@ def _list_child(
     return np.asarray(child.to_numpy(zero_copy_only=False))
 
 
-def _field_kinds(schemas: Sequence[Any], fields: Sequence[str] | None) -> dict[str, str]:
-    """NOTE[field-kinds]: each chosen column's kind from the Arrow schemas of the files.
+def _field_kinds(
+    arrow_schemas: Sequence[Any], fields: Sequence[str] | None, masks: Sequence[str] = ()
+) -> dict[str, str]:
+    """NOTE[field-kinds]: the kind of every field a batch carries, from the Arrow schemas
+    of the files: one per output of ``_parquet_schema.file_schema`` (struct leaves by
+    their path, an HF ``Image()``/``Audio()`` column as its ``bytes`` leaf: ``"bytes"``)
+    and ``"scalar"`` for the ``.valid`` mask of each field in ``masks``.
 
     ``list``/``large_list`` columns are ``"var"`` (a VarTensor in every batch),
     ``fixed_size_list`` columns ``"fixed"``; a column that is a fixed-size list in one
@@ -590,15 +619,24 @@ def _field_kinds(schemas: Sequence[Any], fields: Sequence[str] | None) -> dict[s
     """
     kinds: dict[str, str] = {}
     seen: set[str] = set()
-    for schema in schemas:
+    for schema in arrow_schemas:
         key = schema.to_string()
         if key in seen:
             continue
         seen.add(key)
-        for name, kind in zip(schema.names, schema.types, strict=True):
-            if fields is not None and name not in fields:
-                continue
-            found = _kind_of(kind)
-            before = kinds.get(name)
-            kinds[name] = "var" if "var" in (before, found) else found
+        for output in schemas.select(schemas.file_schema(schema), fields)[0]:
+            found = _kind_of(_leaf_type(schema, output))
+            before = kinds.get(output.name)
+            kinds[output.name] = "var" if "var" in (before, found) else found
+    for name in masks:
+        if name in kinds:
+            kinds[name + VALID_SUFFIX] = "scalar"
     return kinds
+
+
+def _leaf_type(schema: pa.Schema, output: Output) -> pa.DataType:
+    """The Arrow type at the end of ``output.path`` (struct children down the path)."""
+    kind: Any = schema.field(output.path[0]).type
+    for name in output.path[1:]:
+        kind = kind.field(kind.get_field_index(name)).type
+    return cast("pa.DataType", kind)

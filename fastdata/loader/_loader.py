@@ -480,6 +480,7 @@ class DataLoader:
             cache=cache,
             store=store,
             dropped_samples=plan.dropped_samples if plan is not None else 0,
+            dropped_tokens=self.dataset.dropped_tokens(plan) if plan is not None else None,
             skipped_samples=(
                 self.dataset.skipped_samples - self._skipped_at_start
                 if self.num_workers == 0

@@ -89,6 +89,10 @@ class LoaderStats:
     """``Store.stats()`` of this process (or the workers' added up): requests, bytes."""
     dropped_samples: int
     """Samples of the epoch no rank reads (the documented tail, see docs/plan.md)."""
+    dropped_tokens: int | None = None
+    """A :class:`fastdata.TokenDataset` epoch's corpus tokens no rank reads: the tail in
+    no block and the tokens of the blocks no rank reads (``TokenDataset.dropped_tokens``);
+    ``None`` for other datasets."""
     skipped_samples: int = 0
     """Samples of this epoch left out under ``on_error="skip"`` (NOTE[bad-samples]);
     counted in this process (threads), so with worker processes it counts only

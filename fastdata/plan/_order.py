@@ -181,6 +181,10 @@ class EpochOrder:
             ``shard_sizes[k]`` ids); required by ``shuffle="shard_window"``; with
             ``"auto"`` they select the shard walk; unused otherwise. They must add up
             to ``num_samples``.
+        last_fixed: The last ``last_fixed`` ids keep the last positions of the order, in
+            id order, and every mode orders only the others (a padded token block: it
+            must never take a whole block's place under ``drop_last``; the dropped tail
+            is the end of the order). The shard walk walks the shards less those ids.
 
     Raises:
         ConfigError: An argument is out of range, or ``shard_sizes`` is missing or does
@@ -194,12 +198,16 @@ class EpochOrder:
         *,
         epoch: int,
         shard_sizes: Sequence[int] | np.ndarray | None = None,
+        last_fixed: int = 0,
     ) -> None:
         if not isinstance(config, PlanConfig):
             raise ConfigError(f"config must be a PlanConfig, got {type(config).__name__}")
         self.num_samples = _check_int("num_samples", num_samples, 0, MAX_SAMPLES)
         self.epoch = _check_int("epoch", epoch, 0, 1 << 62)
         self.config = config
+        self.last_fixed = _check_int("last_fixed", last_fixed, 0, self.num_samples)
+        """Ids at the end that keep their positions (see ``last_fixed`` above)."""
+        self._ordered = self.num_samples - self.last_fixed  # the ids the mode orders
         self._keys = _round_keys(config.seed, self.epoch, _STREAM_SAMPLES)
         self._shards: _ShardWalk | None = None
         walks = config.shuffle == "shard_window" or (
@@ -211,9 +219,8 @@ class EpochOrder:
                     'shuffle="shard_window" needs shard_sizes (samples per shard in id '
                     'order); pass them, or use shuffle="global"'
                 )
-            self._shards = _ShardWalk(
-                _check_shard_sizes(shard_sizes, self.num_samples), config, self.epoch
-            )
+            sizes = _check_shard_sizes(shard_sizes, self.num_samples)
+            self._shards = _ShardWalk(_without_last(sizes, self.last_fixed), config, self.epoch)
         self.shard_order: np.ndarray | None = None
         """``shard_window`` only: the shard indices in the order the epoch walks them."""
         if self._shards is not None:
@@ -251,6 +258,15 @@ class EpochOrder:
         flat = pos.reshape(-1).astype(np.int64)
         if self.config.shuffle == "none":
             return flat.reshape(pos.shape)
+        if self.last_fixed:  # the fixed positions hold their own ids
+            out = flat.copy()
+            moved = flat < self._ordered
+            out[moved] = self._lookup(flat[moved])
+            return out.reshape(pos.shape)
+        return self._lookup(flat).reshape(pos.shape)
+
+    def _lookup(self, flat: np.ndarray) -> np.ndarray:
+        """The ids at positions ``flat`` (all below ``_ordered``) in a shuffled mode."""
         out = np.empty_like(flat)
         # Chunks keep the temporaries of the vectorised arithmetic in the CPU cache:
         # about 4x faster than one pass over 10M positions.
@@ -259,9 +275,9 @@ class EpochOrder:
             out[start : start + part.size] = (
                 self._shards.ids_at(part)
                 if self._shards is not None
-                else _permute(part, self.num_samples, self._keys)
+                else _permute(part, self._ordered, self._keys)
             )
-        return out.reshape(pos.shape)
+        return out
 
     def ids(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """The ids at positions ``start .. stop - 1`` (all of them by default)."""
@@ -275,6 +291,8 @@ class EpochOrder:
         h = hashlib.blake2b(digest_size=8)
         head = (ORDER_VERSION, self.num_samples, self.epoch, cfg.seed, cfg.shuffle)
         h.update(repr(head).encode())
+        if self.last_fixed:
+            h.update(repr(("last_fixed", self.last_fixed)).encode())
         if self._shards is not None:
             h.update(repr((_WALK_VERSION, cfg.window_samples)).encode())
             h.update(self._shards.sizes.tobytes())
@@ -282,6 +300,15 @@ class EpochOrder:
             probe = np.linspace(0, self.num_samples - 1, num=16).astype(np.int64)
             h.update(self.ids_at(probe).astype("<i8").tobytes())
         return h.hexdigest()
+
+
+def _without_last(sizes: np.ndarray, count: int) -> np.ndarray:
+    """``sizes`` less the last ``count`` samples (taken from the last shards)."""
+    if not count:
+        return sizes
+    ends = np.cumsum(sizes)
+    kept: np.ndarray = np.minimum(sizes, np.maximum(0, (ends[-1] - count) - (ends - sizes)))
+    return kept[: int(np.flatnonzero(kept)[-1]) + 1] if kept.any() else kept[:0]
 
 
 def _check_shard_sizes(shard_sizes: Sequence[int] | np.ndarray, num_samples: int) -> np.ndarray:

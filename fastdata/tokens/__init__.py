@@ -3,8 +3,8 @@
 The corpus is the concatenation, in index order (objects sorted by path; Parquet rows in
 row order), of every token of the selected objects: flat token files as nanoGPT
 (``train.bin``, ``np.uint16``) and Megatron (``*.bin``) write them, or one ``list<int>``
-column of Parquet files (documents back to back, no separator added: put an end-of-text
-token in the data). Block ``i`` is the tokens ``[i*T, i*T + L)`` of the corpus, where
+column of Parquet files (documents back to back; ``eos_id`` puts a token between them,
+NOTE[token-eos]). Block ``i`` is the tokens ``[i*T, i*T + L)`` of the corpus, where
 ``L = T`` (``targets=False``) or ``T + 1`` (``targets=True``: the last token of block
 ``i`` is the first of block ``i + 1``, so ``x, y = b[:, :-1], b[:, 1:]``).
 
@@ -14,7 +14,23 @@ deterministically (a pure function of seed and epoch), gives every rank the same
 of batches, and resumes exactly, in any world size. Every token lands in exactly one
 block per epoch (as an input token); the tail that does not fill a block is dropped and
 counted (``tail="drop"``, reported as ``dropped_tokens``) or padded with ``pad_id``
-(``tail="pad"``).
+(``tail="pad"``). The padded block is the last position of every epoch order (whatever
+the shuffle), so under ``drop_last`` it is the first to go and never displaces a whole
+block; the tokens an epoch delivers to no rank (that tail and the blocks of the plan's
+dropped tail) are ``TokenDataset.dropped_tokens(plan)``, ``LoaderStats.dropped_tokens``.
+
+NOTE[token-eos]: ``TokenDataset(eos_id=E)`` puts the token ``E`` between documents, as
+nanoGPT's and Megatron's preprocessing and HF ``group_texts`` over EOS-terminated texts
+do: each Parquet row is a document, and each flat token file is one (a flat file has no
+document boundaries of its own; write one file per document group, or put the eos in
+the data). The corpus is ``doc0 E doc1 E ... E docN``: one eos after every document but
+the last, across row groups and files, so it is a pure function of the objects and
+``E``. The eos tokens are corpus tokens (``total_tokens``, blocks, ``dropped_tokens``);
+each piece counts its own (``_pieces``, ``_parquet``), so block and chunk arithmetic and
+exact resume are unchanged. ``E`` is part of the corpus's identity: it is in the chunk
+cache keys and in ``BlockIndex.fingerprint`` (the checkpoint guard); ``eos_id=None``
+keeps the keys of a corpus without one. ``E`` must be a value of the token dtype
+(``ConfigError`` naming it).
 
 NOTE[token-chunks]: blocks are small (2 KiB for ``T=1024`` ``uint16``), so a block is
 not the unit of reading or caching: per-block requests and cache entries cost 10-300x

@@ -76,7 +76,13 @@ class BlockIndex:
         covered = min(n, self.num_blocks * t + (1 if targets and self.num_blocks else 0))
         self.dropped_tokens = n - covered if tail == "drop" else 0
         """Tokens of the tail that fill no block (``tail="drop"``); every other token is
-        an input token of exactly one block."""
+        an input token of exactly one block. What one epoch of a loader leaves out
+        besides (blocks of the plan's dropped tail) is ``DataLoader.stats().dropped_tokens``."""
+        self._inputs = inputs
+        self.padded_blocks = int(tail == "pad" and inputs % t != 0)
+        """1 when the last block is padded, else 0: it is the last of every epoch order
+        (``EpochOrder(last_fixed=...)``), so it never takes a whole block's place in the
+        batches ``drop_last`` keeps."""
         self.chunk_blocks = max(1, chunk_bytes // (block_size * dtype.itemsize))
         """Blocks per chunk, ``C`` (NOTE[token-chunks])."""
         self.num_chunks = -(-self.num_blocks // self.chunk_blocks)
@@ -85,12 +91,15 @@ class BlockIndex:
         self.dataset_id = base.dataset_id
         self.store_identity = base.store_identity
         self.storage_options = base.storage_options
+        self.eos_id = pieces.eos_id
+        """The end-of-text token between documents, ``None`` for none (NOTE[token-eos])."""
+        eos = [] if self.eos_id is None else [["eos", int(self.eos_id)]]  # older keys kept
         settings = json.dumps(
-            [base.fingerprint, block_size, self.length, dtype.str, column, tail, pad_id]
+            [base.fingerprint, block_size, self.length, dtype.str, column, tail, pad_id, *eos]
         )
         self.fingerprint = hashlib.blake2b(settings.encode(), digest_size=16).hexdigest()
         """The source fingerprint and the block settings (a checkpoint's guard)."""
-        content = json.dumps(["token-chunk", _CHUNK_FORMAT, dtype.str, column])
+        content = json.dumps(["token-chunk", _CHUNK_FORMAT, dtype.str, column, *eos])
         self._recipe = _word(content, b"fastdata-tokchk")
         self._salt = (
             _word(base.store_identity + content, b"fastdata-tokfp0"),
@@ -141,6 +150,13 @@ class BlockIndex:
     def field_kinds(self) -> dict[str, str]:
         """One fixed-shape field (NOTE[field-kinds])."""
         return {TOKENS: "fixed"}
+
+    def input_tokens(self, sample_ids: Any) -> int:
+        """Corpus tokens the blocks ``sample_ids`` deliver as inputs (``T`` each; the
+        padded block its real tokens only)."""
+        ids = self._ids(sample_ids)
+        starts = ids * self.block_size
+        return int(np.minimum(self.block_size, self._inputs - starts).sum())
 
     def _ids(self, sample_ids: Any) -> np.ndarray:
         ids = np.asarray(sample_ids, dtype=np.int64).reshape(-1)

@@ -14,7 +14,7 @@ import os
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
@@ -42,7 +42,7 @@ from fastdata.store import normalize_url
 from fastdata.tokens._blocks import DEFAULT_CHUNK_BYTES, TOKENS, BlockIndex
 from fastdata.tokens._chunks import READAHEAD_THREADS, ChunkReader
 from fastdata.tokens._parquet import ParquetPieces
-from fastdata.tokens._pieces import FlatPieces, TokenPieces, flat_dtype
+from fastdata.tokens._pieces import FlatPieces, TokenPieces, check_eos, flat_dtype
 
 __all__ = ["DEFAULT_WINDOW_CHUNKS", "TokenDataset"]
 
@@ -97,6 +97,11 @@ class TokenDataset(BaseDataset[_TokenRuntime]):
             (``dropped_tokens``, fewer than ``T``); ``"pad"``: a last, partial block
             padded with ``pad_id``.
         pad_id: The padding token of ``tail="pad"``.
+        eos_id: An end-of-text token inserted between documents (NOTE[token-eos]): each
+            Parquet row is a document, and so is each flat token file. ``None``
+            (default): documents back to back. The eos tokens are corpus tokens (in
+            ``total_tokens`` and the blocks) and part of the corpus's identity (chunk
+            cache keys, the checkpoint guard). An int of the token dtype's range.
         out_dtype: Dtype of the delivered tensors (``torch.int64`` for ``nn.Embedding``).
         pattern: Objects to read (default ``**/*.bin`` for flat files, ``**/*.parquet``).
         shuffle: ``True`` (``"auto"``, default) or ``"shard_window"``: the chunk walk,
@@ -128,6 +133,7 @@ class TokenDataset(BaseDataset[_TokenRuntime]):
         targets: bool = False,
         tail: Literal["drop", "pad"] = "drop",
         pad_id: int = 0,
+        eos_id: int | None = None,
         out_dtype: torch.dtype = torch.int64,
         pattern: str | None = None,
         shuffle: bool | ShuffleMode = True,
@@ -160,6 +166,11 @@ class TokenDataset(BaseDataset[_TokenRuntime]):
             raise ConfigError("dtype is for flat token files; a Parquet column has its own type")
         if not isinstance(pad_id, int) or isinstance(pad_id, bool):
             raise ConfigError(f"pad_id must be an int, got {pad_id!r}")
+        if eos_id is not None and (not isinstance(eos_id, int) or isinstance(eos_id, bool)):
+            raise ConfigError(f"eos_id must be None or an int token id, got {eos_id!r}")
+        flat = flat_dtype(dtype) if column is None else None
+        if flat is not None:
+            check_eos(eos_id, flat)  # before the corpus is listed
         if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int | str):
             raise ConfigError(f"chunk_bytes must be an int or a size string, got {chunk_bytes!r}")
         chunk_nbytes = parse_size(chunk_bytes)
@@ -194,9 +205,9 @@ class TokenDataset(BaseDataset[_TokenRuntime]):
             cache_dir=self.config.cache.resolved_dir(),
         )
         pieces: TokenPieces = (
-            FlatPieces.of(base, flat_dtype(dtype))
-            if column is None
-            else ParquetPieces.of(base, column)
+            FlatPieces.of(base, flat, eos_id)
+            if flat is not None
+            else ParquetPieces.of(base, cast(str, column), eos_id)
         )
         blocks = BlockIndex(
             pieces,
@@ -245,9 +256,28 @@ class TokenDataset(BaseDataset[_TokenRuntime]):
         (chunks are the shards, ``config.window_samples`` blocks a window), else as
         ``config.shuffle`` says (NOTE[token-chunks]). The same on every rank and worker."""
         config = config or self.plan_config
+        fixed = self.blocks.padded_blocks  # a padded block is always last (issue 20)
         if config.shuffle in ("auto", "shard_window"):
-            return EpochOrder(len(self), config, epoch=epoch, shard_sizes=self.blocks.chunk_sizes())
-        return EpochOrder(len(self), config, epoch=epoch)
+            sizes = self.blocks.chunk_sizes()
+            return EpochOrder(len(self), config, epoch=epoch, shard_sizes=sizes, last_fixed=fixed)
+        return EpochOrder(len(self), config, epoch=epoch, last_fixed=fixed)
+
+    def dropped_tokens(self, plan: EpochPlan) -> int:
+        """Corpus tokens the epoch of ``plan`` delivers to no rank: the tail in no block
+        (``blocks.dropped_tokens``) and the input tokens of the blocks of the plan's
+        dropped tail (``drop_last``, or fewer leftover blocks than ranks). The same on
+        every rank.
+
+        Raises:
+            ConfigError: ``plan`` is not an ``EpochPlan`` over this dataset's blocks.
+        """
+        if not isinstance(plan, EpochPlan) or plan.order.num_samples != len(self):
+            raise ConfigError(
+                f"plan must be an EpochPlan over the {len(self)} blocks, got {plan!r}"
+            )
+        end = plan.order.num_samples
+        dropped = plan.order.ids(end - plan.dropped_samples, end)
+        return self.blocks.dropped_tokens + self.blocks.input_tokens(dropped)
 
     def fetch_batch(self, sample_ids: np.ndarray, *, on_error: OnError | None = None) -> Batch:
         """One batch of blocks: ``{"tokens": Tensor[B, L], "__id__": ids}``, gathered

@@ -20,7 +20,7 @@ from fastdata._fork import reset_in_forked_child
 from fastdata.errors import ConfigError, CorruptRecordError
 from fastdata.index import SampleIndex
 from fastdata.store import ByteRange, Store
-from fastdata.tokens._pieces import Part, TokenPieces
+from fastdata.tokens._pieces import Part, TokenPieces, check_eos
 
 __all__ = ["ParquetPieces"]
 
@@ -49,14 +49,16 @@ class ParquetPieces(TokenPieces):
         reset_in_forked_child(self)
 
     @classmethod
-    def of(cls, base: SampleIndex, column: str) -> ParquetPieces:
-        """The row groups of every file of ``base`` that hold ``column``.
+    def of(cls, base: SampleIndex, column: str, eos_id: int | None = None) -> ParquetPieces:
+        """The row groups of every file of ``base`` that hold ``column``; each row is a
+        document (with ``eos_id``, each row but the corpus's last is followed by it).
 
         Raises:
             ConfigError: The column is not a list of integers, has another token type in
-                another file, lacks statistics, or no row group holds it.
+                another file, lacks statistics, or no row group holds it; ``eos_id`` is
+                not a token of the column's type.
         """
-        objects, tokens, groups, spans = [], [], [], []
+        objects, tokens, groups, spans, rows = [], [], [], [], []
         dtype: np.dtype | None = None
         table = base._table
         for obj in range(base.object_count):
@@ -79,16 +81,23 @@ class ParquetPieces(TokenPieces):
                 tokens.append(int(stats.num_values))
                 groups.append(group)
                 spans.append(span)
+                rows.append(meta.metadata.row_group(group).num_rows)
         if dtype is None:
             raise ConfigError(f"no row groups with column {column!r} under {base.url}")
+        check_eos(eos_id, dtype)
+        counts = np.array(tokens, dtype=np.int64)
+        if eos_id is not None:  # NOTE[token-eos]: one after every row but the last
+            counts += np.array(rows, dtype=np.int64)
+            counts[-1] -= 1
         return cls(
             base,
             dtype=dtype,
             piece_obj=np.array(objects, dtype=np.int64),
-            piece_tokens=np.array(tokens, dtype=np.int64),
+            piece_tokens=counts,
             piece_group=np.array(groups, dtype=np.int64),
             piece_span=np.array(spans, dtype=np.int64).reshape(-1, 2),
             column=column,
+            eos_id=eos_id,
         )
 
     def read_parts(self, store: Store, parts: list[Part]) -> list[np.ndarray]:
@@ -106,6 +115,18 @@ class ParquetPieces(TokenPieces):
             for p, raw in zip(missing, store.get_many(requests), strict=True):
                 decoded[p] = self._decode_group(p, memoryview(raw).cast("B"))
         return [decoded[p][lo:hi] for _, p, lo, hi in parts]  # type: ignore[index]
+
+    def _with_eos(self, values: np.ndarray, lengths: np.ndarray, *, last: bool) -> np.ndarray:
+        """A row group's tokens with ``eos_id`` after each row (not after the corpus's
+        last row: NOTE[token-eos])."""
+        rows = len(lengths)
+        out = np.empty(len(values) + rows, dtype=self.dtype)
+        eos_at = np.cumsum(lengths, dtype=np.int64) + np.arange(rows, dtype=np.int64)
+        is_value = np.ones(len(out), dtype=bool)
+        is_value[eos_at] = False
+        out[is_value] = values
+        out[eos_at] = self.eos_id
+        return out[:-1] if last and rows else out
 
     def _cached(self, piece: int) -> np.ndarray | None:
         with self._lock:
@@ -132,6 +153,10 @@ class ParquetPieces(TokenPieces):
             if values.null_count:
                 raise ConfigError(f"column {self.column!r} of {info.path!r} has null tokens")
             tokens = values.to_numpy(zero_copy_only=False).astype(self.dtype, copy=False)
+            if self.eos_id is not None:
+                listed = cast("pa.ListArray[Any]", chunk)
+                lengths = listed.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
+                tokens = self._with_eos(tokens, lengths, last=piece == len(self.piece_obj) - 1)
         except (pa.ArrowException, OSError) as exc:
             raise CorruptRecordError(
                 f"row group {group} of {info.path!r} is unreadable ({exc})"

@@ -16,7 +16,7 @@ from fastdata.errors import ConfigError
 from fastdata.index import SampleIndex, plan_units
 from fastdata.store import ByteRange, Store
 
-__all__ = ["FLAT_DTYPES", "FlatPieces", "Part", "TokenPieces", "flat_dtype"]
+__all__ = ["FLAT_DTYPES", "FlatPieces", "Part", "TokenPieces", "check_eos", "flat_dtype"]
 
 FLAT_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "int64", "uint64")
 """Token types of flat token files."""
@@ -37,6 +37,8 @@ class TokenPieces:
         piece_group: The Parquet row group of each piece (-1 for a flat file).
         piece_span: The byte range ``[start, end)`` of each Parquet row group.
         column: The Parquet token column (``None``: flat token files).
+        eos_id: The end-of-text token between documents (NOTE[token-eos]), counted in
+            ``piece_tokens``; ``None``: documents back to back.
     """
 
     def __init__(
@@ -49,10 +51,12 @@ class TokenPieces:
         piece_group: np.ndarray,
         piece_span: np.ndarray,
         column: str | None = None,
+        eos_id: int | None = None,
     ) -> None:
         self.base = base
         self.dtype = dtype
         self.column = column
+        self.eos_id = eos_id
         self.piece_obj = piece_obj
         self.piece_group = piece_group
         self.piece_span = piece_span
@@ -116,12 +120,15 @@ class FlatPieces(TokenPieces):
     file, a part read as one byte range (neighbouring parts of a file in one read)."""
 
     @classmethod
-    def of(cls, base: SampleIndex, dtype: np.dtype) -> FlatPieces:
-        """The pieces of every object of ``base``: one per file.
+    def of(cls, base: SampleIndex, dtype: np.dtype, eos_id: int | None = None) -> FlatPieces:
+        """The pieces of every object of ``base``: one per file, a file being one
+        document (with ``eos_id``, each file but the last is followed by it).
 
         Raises:
-            ConfigError: A file's size is not a multiple of the token size.
+            ConfigError: A file's size is not a multiple of the token size, or
+                ``eos_id`` is not a token of ``dtype``.
         """
+        check_eos(eos_id, dtype)
         count = base.object_count
         sizes = np.array([base.object_info(i).size for i in range(count)], dtype=np.int64)
         odd = np.flatnonzero(sizes % dtype.itemsize)
@@ -131,17 +138,40 @@ class FlatPieces(TokenPieces):
                 f"token file {info.path!r} is {info.size} bytes, not a multiple of "
                 f"{dtype.itemsize} ({dtype.name}); pass the dtype the file was written with"
             )
-        return cls(
+        tokens = sizes // dtype.itemsize
+        pieces = cls(
             base,
             dtype=dtype,
             piece_obj=np.arange(count, dtype=np.int64),
-            piece_tokens=sizes // dtype.itemsize,
+            piece_tokens=tokens + _eos_after(count, eos_id),
             piece_group=np.full(count, -1, dtype=np.int64),
             piece_span=np.zeros((count, 2), dtype=np.int64),
+            eos_id=eos_id,
         )
+        pieces.file_tokens = tokens
+        return pieces
+
+    file_tokens: np.ndarray
+    """Tokens each file holds (a piece is its file and, with ``eos_id``, the eos after)."""
 
     def read_parts(self, store: Store, parts: list[Part]) -> list[np.ndarray]:
-        """The tokens of each part: views of the byte ranges read."""
+        """The tokens of each part: views of the byte ranges read (a part that holds the
+        eos after its file: a copy with it appended)."""
+        if self.eos_id is None:
+            return self._read_files(store, parts)
+        ends = self.file_tokens
+        inside = [(r, p, lo, min(hi, int(ends[p]))) for r, p, lo, hi in parts]
+        read = iter(self._read_files(store, [part for part in inside if part[3] > part[2]]))
+        eos = np.array([self.eos_id], dtype=self.dtype)
+        out = []
+        for (_, _, lo, hi), (_, _, _, real) in zip(parts, inside, strict=True):
+            found = next(read) if real > lo else np.zeros(0, dtype=self.dtype)
+            out.append(np.concatenate([found, eos]) if hi > real else found)
+        return out
+
+    def _read_files(self, store: Store, parts: list[Part]) -> list[np.ndarray]:
+        if not parts:
+            return []
         size = self.dtype.itemsize
         obj = np.array([self.piece_obj[p] for _, p, _, _ in parts], dtype=np.uint32)
         start = np.array([lo * size for _, _, lo, _ in parts], dtype=np.uint64)
@@ -159,6 +189,32 @@ class FlatPieces(TokenPieces):
             view = buffers[u][begin : begin + (hi - lo) * size]
             out.append(np.frombuffer(view, dtype=self.dtype))
         return out
+
+
+def check_eos(eos_id: int | None, dtype: np.dtype) -> None:
+    """Refuse an ``eos_id`` that is not a token of ``dtype`` (NOTE[token-eos]).
+
+    Raises:
+        ConfigError: ``eos_id`` is not ``None`` or an int within ``dtype``'s range.
+    """
+    if eos_id is None:
+        return
+    if isinstance(eos_id, bool) or not isinstance(eos_id, int | np.integer):
+        raise ConfigError(f"eos_id must be None or an int token id, got {eos_id!r}")
+    info = np.iinfo(dtype)
+    if not info.min <= int(eos_id) <= info.max:
+        raise ConfigError(
+            f"eos_id {eos_id} is not a {dtype.name} token (the corpus's token dtype holds "
+            f"{info.min}..{info.max}); pass an id of the tokenizer's vocabulary"
+        )
+
+
+def _eos_after(count: int, eos_id: int | None) -> np.ndarray:
+    """1 for each of ``count`` documents but the last when there is an eos, else 0."""
+    after = np.zeros(count, dtype=np.int64)
+    if eos_id is not None and count:
+        after[:-1] = 1
+    return after
 
 
 def flat_dtype(dtype: str | np.dtype | None) -> np.dtype:
