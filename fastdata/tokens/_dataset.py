@@ -25,7 +25,6 @@ from fastdata._runtime import DatasetRuntime
 from fastdata._sample_fetch import grouped as _grouped
 from fastdata.config import FastdataConfig, parse_size
 from fastdata.dataset import (
-    _OPEN,
     ID_KEY,
     Batch,
     Dataset,
@@ -34,6 +33,7 @@ from fastdata.dataset import (
     _merge_config,
     _shuffle_mode,
     check_on_error,
+    track_open,
 )
 from fastdata.errors import ConfigError, CorruptRecordError
 from fastdata.plan import EpochOrder, EpochPlan, PlanConfig, ShuffleMode
@@ -246,7 +246,7 @@ class TokenDataset(Dataset):
             runtime = self._runtime
             if runtime is None or not this_process(runtime.pid):  # NOTE[fork]
                 runtime = self._runtime = _TokenRuntime(self)
-                _OPEN.add(self)
+                track_open(self, runtime)
             return cast(_TokenRuntime, runtime)
 
     def order(self, epoch: int, config: PlanConfig | None = None) -> EpochOrder:
