@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+import fastdata
 from fastdata.cache import LmdbTier
 from fastdata.config import CacheConfig
 from tests.unit.test_loader import make_files
@@ -82,3 +84,51 @@ def test_node_counters_survive_a_loader_dropped_in_a_function(
     # depends on the write-behind (NOTE[write-behind]), so only totals are asserted.
     assert counters["hits"] + counters["misses"] >= 2 * SAMPLES
     assert counters["misses"] >= SAMPLES
+
+
+# -- item 6: the caller's random streams do not depend on the loader's mode --------------
+
+
+def _rand_after(make_loader: Any, epochs: int, generator: torch.Generator | None = None) -> Any:
+    """``torch.rand`` (and the generator's next draw) after ``epochs`` through a loader."""
+    torch.manual_seed(0)
+    if generator is not None:
+        generator.manual_seed(1)
+    loader = make_loader()
+    for _ in range(epochs):
+        for _batch in loader:
+            pass
+    after = torch.rand(1).item()
+    return (after, torch.rand(1, generator=generator).item()) if generator else after
+
+
+@pytest.mark.parametrize(
+    ("num_workers", "persistent"), [(0, False), (2, False), (2, True)], ids=str
+)
+def test_the_callers_rng_moves_as_with_torchs_loader(
+    files_dataset: Any, num_workers: int, persistent: bool
+) -> None:
+    url, cache = files_dataset
+    kwargs: dict[str, Any] = {"batch_size": 16, "num_workers": num_workers}
+    if persistent:
+        kwargs["persistent_workers"] = True
+    with fastdata.Dataset(url, cache_dir=cache) as ds:
+        ours = _rand_after(lambda: fastdata.DataLoader(ds, **kwargs), epochs=2)
+        theirs = _rand_after(lambda: torch.utils.data.DataLoader(ds, **kwargs), epochs=2)
+        # One epoch, the case of the report: the same value whatever the mode.
+        one = _rand_after(lambda: fastdata.DataLoader(ds, **kwargs), epochs=1)
+        assert one == _rand_after(lambda: fastdata.DataLoader(ds, batch_size=16), epochs=1)
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_generator_is_drawn_from_instead_of_the_global_rng(
+    files_dataset: Any, num_workers: int
+) -> None:
+    url, cache = files_dataset
+    generator = torch.Generator()
+    kwargs = {"batch_size": 16, "num_workers": num_workers, "generator": generator}
+    with fastdata.Dataset(url, cache_dir=cache) as ds:
+        ours = _rand_after(lambda: fastdata.DataLoader(ds, **kwargs), 2, generator)
+        theirs = _rand_after(lambda: torch.utils.data.DataLoader(ds, **kwargs), 2, generator)
+    assert ours == theirs
