@@ -146,6 +146,8 @@ class WorkerProcesses:
         else:
             self.start_method = f"{context.get_start_method()}: multiprocessing_context"
         logger.debug("worker processes start with %s", self.start_method)
+        method, _, why = self.start_method.partition(": ")
+        _workers.refuse_unguarded_main(method, why, num_workers)  # NOTE[main-guard]
         self.position = context.RawArray(ctypes.c_longlong, 2)
         self.slots = _workers.StatsSlots(context, num_workers)
         kwargs["multiprocessing_context"] = context

@@ -225,12 +225,11 @@ class DataLoader:
         self._picklable: bool | None = None
         self._prefetcher: Any = None
         self._reset_timing()
-        if (
-            num_workers > 0
-            and multiprocessing_context is None
-            and _workers.fork_hazard()
-            and self._workers_picklable()
-        ):
+        hazard = (
+            _workers.fork_hazard() if num_workers > 0 and multiprocessing_context is None else None
+        )
+        if hazard is not None and self._workers_picklable():
+            _workers.refuse_unguarded_main("forkserver", hazard, num_workers)  # NOTE[main-guard]
             _workers.warm_forkserver()  # NOTE[worker-start]: import while the script runs
         if metrics_port is not None:
             self._metrics_server = _serve_metrics(self, metrics_port)

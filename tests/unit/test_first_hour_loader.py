@@ -6,6 +6,7 @@ Each test runs a script as its own process, as the user does.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -132,3 +133,64 @@ def test_a_generator_is_drawn_from_instead_of_the_global_rng(
         ours = _rand_after(lambda: fastdata.DataLoader(ds, **kwargs), 2, generator)
         theirs = _rand_after(lambda: torch.utils.data.DataLoader(ds, **kwargs), 2, generator)
     assert ours == theirs
+
+
+# -- item 7: worker processes from a script without the __main__ guard ------------------
+
+UNGUARDED = """\
+import sys
+import fastdata
+
+ds = fastdata.Dataset(sys.argv[1], cache_dir=sys.argv[2])
+if sys.argv[3] == "open":
+    ds[0]  # an LMDB environment is now open here: the workers cannot fork
+loader = fastdata.DataLoader(ds, batch_size=16, num_workers=2)
+print("samples", sum(len(b["__id__"]) for b in loader), loader._worker_start)
+"""
+
+
+def _run_file(tmp_path: Path, source: str, *args: Any) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    return subprocess.run(
+        [sys.executable, str(script), *map(str, args)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+def test_workers_from_an_unguarded_script_fail_once_naming_the_guard(
+    files_dataset: Any, tmp_path: Path
+) -> None:
+    url, cache = files_dataset
+    done = _run_file(tmp_path, UNGUARDED, url, cache, "open")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "bootstrapping" not in done.stderr
+    assert "exited unexpectedly" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if "ConfigError:" in line]
+    assert len(errors) == 1, done.stderr
+    assert 'if __name__ == "__main__":' in errors[0]
+    assert "train.py, line 7" in errors[0]  # where the workers are started
+    assert "num_workers=0" in errors[0]  # the other way out
+
+
+def test_an_unguarded_script_whose_workers_fork_trains(files_dataset: Any, tmp_path: Path) -> None:
+    url, cache = files_dataset
+    done = _run_file(tmp_path, UNGUARDED, url, cache, "closed")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[:3] == ["samples", str(SAMPLES), "fork:"]
+
+
+def test_a_guarded_script_trains_with_a_forkserver(files_dataset: Any, tmp_path: Path) -> None:
+    url, cache = files_dataset
+    body = UNGUARDED.split("\n", 2)[2]
+    guarded = "import sys\nimport fastdata\n\nif __name__ == '__main__':\n" + "".join(
+        f"    {line}\n" for line in body.strip().splitlines()
+    )
+    done = _run_file(tmp_path, guarded, url, cache, "open")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[:3] == ["samples", str(SAMPLES), "forkserver:"]
