@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from packaging.requirements import Requirement
+from packaging.version import Version
 
 from fastdata.testing.s3 import S3Target
 
@@ -35,14 +36,29 @@ def test_boto3_is_a_dependency_and_no_extra_asks_for_a_missing_one() -> None:
             assert not (requirement.name == "s3fs" and requirement.extras), extra
 
 
+def test_the_declared_boto3_range_lies_in_aiobotocores_botocore_range() -> None:
+    (boto3,) = [r for r in map(Requirement, _project()["dependencies"]) if r.name == "boto3"]
+    bounds = {spec.operator: Version(spec.version) for spec in boto3.specifier}
+    assert set(bounds) == {">=", "<"}, boto3  # boto3 X.Y.Z needs botocore X.Y.Z
+    (botocore,) = _botocore_wanted_by("aiobotocore")
+    assert bounds[">="] in botocore.specifier
+    upper = [Version(s.version) for s in botocore.specifier if s.operator in ("<", "<=")]
+    assert upper, botocore
+    assert all(bounds["<"] <= u for u in upper), (boto3, botocore)
+
+
+def _botocore_wanted_by(package: str) -> list[Requirement]:
+    return [
+        Requirement(r)
+        for r in importlib.metadata.requires(package) or []
+        if Requirement(r).name == "botocore" and Requirement(r).marker is None
+    ]
+
+
 def test_the_installed_botocore_is_one_aiobotocore_and_boto3_both_accept() -> None:
     botocore = importlib.metadata.version("botocore")
     for package in ("aiobotocore", "boto3"):
-        wanted = [
-            Requirement(r)
-            for r in importlib.metadata.requires(package) or []
-            if Requirement(r).name == "botocore" and Requirement(r).marker is None
-        ]
+        wanted = _botocore_wanted_by(package)
         assert wanted, package
         assert all(r.specifier.contains(botocore) for r in wanted), (package, botocore, wanted)
 
