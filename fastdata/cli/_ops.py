@@ -36,9 +36,7 @@ __all__ = ["clear_command", "doctor_command", "stats_command"]
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 def stats_command(cache_dir: str | None, max_bytes: int | None, as_json: bool) -> None:
     """Show the node cache: size and budget, datasets, hit/miss counters."""
-    from rich.console import Console
-
-    from fastdata.ops import cache_stats, stats_table
+    from fastdata.ops import cache_stats, stats_console, stats_table
 
     cache: dict[str, Any] = {"dir": cache_dir} if cache_dir else {}
     if max_bytes is not None:
@@ -49,8 +47,9 @@ def stats_command(cache_dir: str | None, max_bytes: int | None, as_json: bool) -
     if as_json:
         print_json(report.as_dict())
         return
-    console = Console()
-    for renderable in stats_table(report):
+    tables = stats_table(report)
+    console = stats_console(tables)
+    for renderable in tables:
         console.print(renderable)
 
 

@@ -121,7 +121,7 @@ class BaseDataset(IterableDataset[Any], Generic[RuntimeT]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_runtime", "_runtime_lock", "_prefetchers", "_skipped"):
+        for name in ("_runtime", "_runtime_lock", "_prefetchers", "_skipped", "_dropped"):
             state[name] = None
         return state
 
@@ -138,6 +138,7 @@ class BaseDataset(IterableDataset[Any], Generic[RuntimeT]):
         self._runtime_lock = threading.Lock()
         self._prefetchers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._skipped: list[int] = []
+        self._dropped: weakref.finalize[Any, Any] | None = None
 
     def runtime(self) -> RuntimeT:
         """This process's store, cache and pool, opened on first use."""
@@ -145,7 +146,7 @@ class BaseDataset(IterableDataset[Any], Generic[RuntimeT]):
             runtime = self._runtime
             if runtime is None or not this_process(runtime.pid):  # NOTE[fork]
                 runtime = self._runtime = self._open_runtime()
-                _OPEN.add(self)
+                track_open(self, runtime)
             return runtime
 
     def current_runtime(self) -> RuntimeT | None:
@@ -162,6 +163,9 @@ class BaseDataset(IterableDataset[Any], Generic[RuntimeT]):
             prefetcher.close()
         with self._runtime_lock:
             runtime, self._runtime = self._runtime, None
+            dropped, self._dropped = self._dropped, None
+        if dropped is not None:
+            dropped.detach()
         if runtime is not None and this_process(runtime.pid):
             runtime.close()
 
@@ -277,13 +281,35 @@ class BaseDataset(IterableDataset[Any], Generic[RuntimeT]):
 _OPEN: weakref.WeakSet[BaseDataset[Any]] = weakref.WeakSet()
 
 
+def track_open(dataset: BaseDataset[Any], runtime: DatasetRuntime) -> None:
+    """Remember that ``dataset`` opened ``runtime`` in this process, so that its handles
+    are closed however the dataset ends (NOTE[dataset-exit]). Call under its lock."""
+    _OPEN.add(dataset)
+    dropped = weakref.finalize(dataset, _close_dropped, runtime)
+    dropped.atexit = False  # at exit close_open_datasets() closes it, prefetchers first
+    dataset._dropped = dropped
+
+
+def _close_dropped(runtime: DatasetRuntime) -> None:
+    """Close the runtime of a dataset collected without ``close()`` (NOTE[dataset-exit])."""
+    if not this_process(runtime.pid):  # a forked child's copy of the parent's finalizer
+        return
+    try:
+        runtime.close()
+    except Exception as exc:  # at collection: nobody to raise to; report it
+        logger.warning("closing the handles of a dropped dataset failed: %s", exc)
+
+
 def close_open_datasets() -> None:
     """Close every dataset whose handles this process opened (NOTE[dataset-exit]).
 
     NOTE[dataset-exit]: a job that never calls ``close()`` still saves its LMDB node
-    counters (``fastdata stats``) and gives back its reader slots: this runs at
-    interpreter exit (``atexit``), and in DataLoader worker processes, which leave
-    without ``atexit``, from the loader's worker exit hooks (NOTE[worker-death]).
+    counters (``fastdata stats``) and gives back its reader slots, however it ends.
+    A dataset collected while the process runs (a loader kept as a local of ``main()``)
+    closes its runtime from a ``weakref.finalize`` (``track_open``; the runtime never
+    refers back to its dataset). One still alive at exit is closed here: at interpreter
+    exit (``atexit``), and in DataLoader worker processes, which leave without
+    ``atexit``, from the loader's worker exit hooks (NOTE[worker-death]).
     """
     for dataset in list(_OPEN):
         if dataset.current_runtime() is not None:

@@ -23,6 +23,15 @@ next ``iter()``, so ``state_dict()`` (where the next ``iter()`` starts) is alway
 live loader continues. Worker processes learn each iteration's ``(epoch, cursor)`` from
 shared memory written before torch asks them for it (docs/loader.md).
 
+NOTE[loader-rng]: the caller's random stream (``generator``, else torch's global
+generator) moves exactly as under torch's ``DataLoader`` with the same arguments, so
+dropout and augmentation draws do not depend on ``num_workers``: torch draws one int64
+(its workers' base seed) each time it creates an iterator, which is every ``iter()``
+except with ``persistent_workers=True`` and workers, where it is the first only. The
+loader makes that draw itself at ``iter()`` (``_draw_base_seed``), in every mode, and
+the torch loader inside ``WorkerProcesses`` draws from a private generator seeded with
+it, so the workers' seeds still follow the caller's seed.
+
 Why one module of this size: its one job is the ``DataLoader`` API (torch's signature
 and its checks, epochs, resume, stats), whose methods share one epoch state; its parts
 are already modules of their own: worker processes (``_worker_pool.py``),
@@ -208,17 +217,19 @@ class DataLoader:
         self._steps = 0
         self._samples = 0
         self._persistent = persistent_workers is not False
+        self._generator = generator  # NOTE[loader-rng]
+        self._draw_once = persistent_workers is True and num_workers > 0
+        self._base_seed: int | None = None
         self._workers: WorkerProcesses | None = None
         self._worker_start = ""
         self._picklable: bool | None = None
         self._prefetcher: Any = None
         self._reset_timing()
-        if (
-            num_workers > 0
-            and multiprocessing_context is None
-            and _workers.fork_hazard()
-            and self._workers_picklable()
-        ):
+        hazard = (
+            _workers.fork_hazard() if num_workers > 0 and multiprocessing_context is None else None
+        )
+        if hazard is not None and self._workers_picklable():
+            _workers.refuse_unguarded_main("forkserver", hazard, num_workers)  # NOTE[main-guard]
             _workers.warm_forkserver()  # NOTE[worker-start]: import while the script runs
         if metrics_port is not None:
             self._metrics_server = _serve_metrics(self, metrics_port)
@@ -282,7 +293,16 @@ class DataLoader:
             return plan.order.epoch, plan.cursor_after(self._steps)
         return plan.order.epoch + 1, 0
 
+    def _draw_base_seed(self) -> None:
+        """Draw from the caller's generator what torch's loader draws at ``iter()``
+        (NOTE[loader-rng])."""
+        if self._draw_once and self._base_seed is not None:
+            return
+        drawn = torch.empty((), dtype=torch.int64).random_(generator=self._generator)
+        self._base_seed = int(drawn.item())
+
     def _iterate(self) -> Iterator[Any]:
+        self._draw_base_seed()
         if self._running_unfinished():
             # A second iter() while the first is still held ends the first one's epoch.
             self._close_active()
@@ -336,7 +356,8 @@ class DataLoader:
                 picklable=self._workers_picklable,
             )
             self._worker_start = workers.start_method
-        return workers.epoch(epoch, cursor)
+        assert self._base_seed is not None  # drawn by _iterate (NOTE[loader-rng])
+        return workers.epoch(epoch, cursor, self._base_seed)
 
     def _workers_picklable(self) -> bool:
         if self._picklable is None:

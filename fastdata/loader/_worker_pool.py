@@ -146,16 +146,22 @@ class WorkerProcesses:
         else:
             self.start_method = f"{context.get_start_method()}: multiprocessing_context"
         logger.debug("worker processes start with %s", self.start_method)
+        method, _, why = self.start_method.partition(": ")
+        _workers.refuse_unguarded_main(method, why, num_workers)  # NOTE[main-guard]
         self.position = context.RawArray(ctypes.c_longlong, 2)
         self.slots = _workers.StatsSlots(context, num_workers)
         kwargs["multiprocessing_context"] = context
         kwargs["persistent_workers"] = persistent
         kwargs["worker_init_fn"] = WorkerInit(os.getpid(), kwargs.get("worker_init_fn"))
+        # NOTE[loader-rng]: torch's draw of the workers' base seed comes from here, not
+        # from the caller's generator (the loader draws from that itself).
+        self.generator = torch.Generator()
         self.loader: torch.utils.data.DataLoader[Any] | None = torch.utils.data.DataLoader(
             WorkerStream(position=self.position, slots=self.slots, **stream),
             batch_size=None,
             num_workers=num_workers,
             pin_memory=pin_memory,
+            generator=self.generator,
             **kwargs,
         )
 
@@ -164,12 +170,14 @@ class WorkerProcesses:
         """Whether the workers were started and not stopped."""
         return self.loader is not None
 
-    def epoch(self, epoch: int, cursor: int) -> Iterator[Any]:
-        """The workers' batches of the epoch that starts at ``(epoch, cursor)``."""
+    def epoch(self, epoch: int, cursor: int, seed: int) -> Iterator[Any]:
+        """The workers' batches of the epoch that starts at ``(epoch, cursor)``; a worker
+        start seeds the workers from ``seed`` (drawn by the loader, NOTE[loader-rng])."""
         assert self.loader is not None, "the worker processes were stopped"
         # NOTE[loader-epochs]: the workers read where this epoch starts when torch asks
         # them for it, which iter() below does after this write.
         self.position[0], self.position[1] = epoch, cursor
+        self.generator.manual_seed(seed)
         return iter(self.loader)
 
     def stats(self) -> tuple[Any, Any]:

@@ -12,6 +12,16 @@ overlaps whatever the script does before its first ``iter()``. When the dataset 
 callable does not pickle (a lambda), ``fork`` is the only choice left; S3 reads in such
 workers then go through s3fs (NOTE[obstore-fork]).
 
+NOTE[main-guard]: ``forkserver`` and ``spawn`` run the script again in every new process
+(as ``__mp_main__``; the fork server also does, for its ``__main__`` preload). A script
+that starts the workers from its top level, outside an ``if __name__ == "__main__":``
+block, would then start workers again in each of them, and multiprocessing fails with
+three "bootstrapping phase" tracebacks that never name the fix. So before any process
+starts with such a method, ``refuse_unguarded_main`` finds the script's module-level
+frame on the stack and, when the line it is running is outside every such block, raises
+one ``ConfigError`` that names the line, the guard and ``num_workers=0``. ``fork`` runs
+nothing again, so an unguarded script whose workers fork trains as under torch's loader.
+
 NOTE[worker-death]: a worker must not outlive the training process that owns it: a
 preempted or OOM-killed job would leave its RAM tiers, buffers and LMDB reader slots
 behind. Each worker asks the kernel for ``SIGTERM`` when its parent dies
@@ -31,6 +41,7 @@ the slot if it stays torn.
 
 from __future__ import annotations
 
+import ast
 import ctypes
 import logging
 import multiprocessing
@@ -44,9 +55,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from fastdata.cache.lmdb import handles_open
+from fastdata.errors import ConfigError
 from fastdata.store import obstore_runtime_started
 
 __all__ = [
@@ -54,6 +68,7 @@ __all__ = [
     "StatsSlots",
     "fork_hazard",
     "merge_stats",
+    "refuse_unguarded_main",
     "start_context",
     "warm_forkserver",
     "watch_owner",
@@ -103,6 +118,70 @@ def start_context(
         context.set_forkserver_preload(PREFERRED_PRELOAD)
         return context, f"forkserver: {hazard}"
     return multiprocessing.get_context(), f"{multiprocessing.get_start_method()}: {hazard}"
+
+
+def refuse_unguarded_main(method: str, why: str, num_workers: int) -> None:
+    """Raise before workers start with ``method`` from outside the script's
+    ``if __name__ == "__main__":`` block (NOTE[main-guard]).
+
+    Raises:
+        ConfigError: ``method`` runs the script again and the line starting the workers
+            would run again in each worker.
+    """
+    if method == "fork":
+        return
+    where = _unguarded_main_line()
+    if where is None:
+        return
+    raise ConfigError(
+        f"fastdata.DataLoader(num_workers={num_workers}) starts its worker processes with "
+        f"{method} ({why}), which runs the script again in every new process, and "
+        f'{where} starts them outside an `if __name__ == "__main__":` block, so each '
+        "worker would start workers of its own. Put the script's training code under "
+        '`if __name__ == "__main__":` (docs/loader.md, "Worker processes"), or pass '
+        "num_workers=0: fastdata's background threads then carry the I/O in this process"
+    )
+
+
+def _unguarded_main_line() -> str | None:
+    """``"<script>, line <n>"`` where the script's top level runs now, outside every
+    ``if __name__ == "__main__":`` body; ``None`` when it is inside one, or when no
+    script file is running (``python -c``, a notebook, a thread)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or not isinstance(path, str):
+        return None
+    top = None
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals is main.__dict__ and frame.f_code.co_name == "<module>":
+            top = frame
+        frame = frame.f_back
+    if top is None:
+        return None
+    try:
+        tree = ast.parse(Path(path).read_text(), path)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    line = top.f_lineno
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and node.body and _is_main_test(node.test):
+            last = node.body[-1]
+            if node.body[0].lineno <= line <= (last.end_lineno or last.lineno):
+                return None
+    return f"{path}, line {line}"
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    """Whether ``test`` is ``__name__ == "__main__"`` (either way round)."""
+    if not isinstance(test, ast.Compare) or len(test.ops) != 1:
+        return False
+    if not isinstance(test.ops[0], ast.Eq):
+        return False
+    sides = [test.left, test.comparators[0]]
+    names = [s for s in sides if isinstance(s, ast.Name) and s.id == "__name__"]
+    values = [s for s in sides if isinstance(s, ast.Constant) and s.value == "__main__"]
+    return len(names) == 1 and len(values) == 1
 
 
 def picklable(*objects: Any) -> bool:

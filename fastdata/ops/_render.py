@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import IO, Any
 
-from rich.console import Console, JustifyMethod
+from rich.console import Console, JustifyMethod, RenderableType
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -30,6 +30,7 @@ __all__ = [
     "BarProgress",
     "LogProgress",
     "doctor_lines",
+    "stats_console",
     "stats_table",
     "stopped_line",
     "warm_summary",
@@ -228,6 +229,18 @@ def stats_table(report: CacheReport) -> list[Any]:
             age_text(d.last_access_s),
         )
     return [overview, datasets]
+
+
+def stats_console(renderables: list[RenderableType]) -> Console:
+    """The console to print ``renderables`` on: a terminal's width on a terminal; else
+    (a pipe, a CI log) wide enough for each at its natural width, so that no column is
+    cut and no name folded (an 80-column default cut the table's right-hand columns)."""
+    console = Console()
+    if console.is_terminal:
+        return console
+    wide = console.options.update_width(1 << 16)
+    width = max((console.measure(r, options=wide).maximum for r in renderables), default=0)
+    return Console(width=max(width, 80))
 
 
 def doctor_lines(r: DoctorReport) -> list[str]:
