@@ -27,7 +27,7 @@ import mmap
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -36,6 +36,8 @@ import pyarrow.parquet as pq
 from fastdata.errors import ConfigError, CorruptRecordError
 from fastdata.layouts import _parquet_schema as schemas
 from fastdata.layouts._parquet_schema import VALID_SUFFIX, Output
+from fastdata.layouts._parquet_values import leaf_array
+from fastdata.layouts._parquet_values import values as values_of
 from fastdata.layouts.base import (
     BuildResult,
     ObjectScan,
@@ -48,10 +50,6 @@ from fastdata.layouts.base import (
     scan_with_reuse,
 )
 from fastdata.store import ByteRange, ObjectInfo, Store
-
-if TYPE_CHECKING:
-    #: A column of lists, of large lists or of fixed-size lists (``_list_values``).
-    _ListLike = pa.ListArray[Any] | pa.LargeListArray[Any] | pa.FixedSizeListArray[Any, Any]
 
 __all__ = ["ParquetLayout"]
 
@@ -382,13 +380,13 @@ class ParquetLayout:
         masked = set(self.nulls or ())
         columns: dict[str, list[Any]] = {}
         for output in outputs:
-            array = _leaf_array(table, output)
+            array = leaf_array(table, output)
             if array.null_count and output.name not in masked:
                 _raise_unmasked_null(array, output.name, path, group, at)
             if output.name in masked:
                 valid = np.asarray(array.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
                 columns[output.name + VALID_SUFFIX] = list(valid)
-            columns[output.name] = _values(array, output.name, path, group)
+            columns[output.name] = values_of(array, output.name, path, group)
         names = sorted(columns)
         return [{name: columns[name][i] for name in names} for i in range(table.num_rows)]
 
@@ -486,123 +484,6 @@ def _read_footer(path: str, size: int, extra: bytes) -> pq.FileMetaData:
                     f"says {want}",
                 )
     return metadata
-
-
-def _leaf_array(table: pa.Table, output: Output) -> pa.Array[Any]:
-    """The values of ``output``: its column, then struct children down its path (a null
-    struct makes its children null: ``StructArray.flatten``)."""
-    array: pa.Array[Any] = table.column(output.path[0]).combine_chunks()
-    for name in output.path[1:]:
-        struct = cast("pa.StructArray", array)
-        index = struct.type.get_field_index(name)
-        array = struct.flatten()[index]
-    return array
-
-
-def _filled(array: pa.Array[Any]) -> pa.Array[Any]:
-    """``array`` with each null replaced by its type's sentinel (NOTE[parquet-nulls])."""
-    kind = array.type
-    if not array.null_count:
-        return array
-    if pa.types.is_floating(kind):
-        return array.fill_null(pa.scalar(float("nan"), type=kind))
-    if pa.types.is_boolean(kind):
-        return array.fill_null(False)
-    if pa.types.is_integer(kind):
-        return array.fill_null(pa.scalar(0, type=kind))
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        return array.fill_null(pa.scalar("", type=kind))
-    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
-        return array.fill_null(pa.scalar(b"", type=kind))
-    if pa.types.is_fixed_size_binary(kind):
-        return array.fill_null(pa.scalar(bytes(kind.byte_width), type=kind))
-    return array  # temporal values and lists fill their own nulls
-
-
-def _values(array: pa.Array[Any], name: str, path: str, group: int) -> list[Any]:
-    kind = array.type
-    if pa.types.is_dictionary(kind):
-        array = cast("pa.DictionaryArray[Any, Any]", array).dictionary_decode()
-        kind = array.type
-    array = _filled(array)
-    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
-        return list(array.to_numpy(zero_copy_only=False))
-    if pa.types.is_temporal(kind) and not pa.types.is_interval(kind):
-        return list(_temporal_ticks(array))
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        return array.to_pylist()
-    if (
-        pa.types.is_binary(kind)
-        or pa.types.is_large_binary(kind)
-        or pa.types.is_fixed_size_binary(kind)
-    ):
-        return array.to_pylist()
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-        return _list_values(cast("_ListLike", array), name, path, group)
-    raise ConfigError(
-        f"column {name!r} of {path!r} has type {kind}, which fastdata cannot turn into a "
-        "sample field; choose other fields"
-    )
-
-
-def _temporal_ticks(array: pa.Array[Any]) -> np.ndarray:
-    """A timestamp, date, time or duration column as ``int64`` counts of its own unit.
-
-    The record format has no datetime type (``record.encode`` refuses ``datetime64``), so
-    the field keeps the integer Arrow stores: ``timestamp[unit]`` counts ``unit`` since
-    1970-01-01T00:00 UTC (a time zone changes only how it is displayed), ``date32`` days
-    and ``date64`` milliseconds since 1970-01-01, ``time32``/``time64`` ``unit`` since
-    midnight, ``duration[unit]`` ``unit``. The unit is the column's type in the file's
-    schema (``pyarrow.parquet.read_schema``); a collated batch of timestamps turns back
-    with ``batch.view(f"datetime64[{unit}]")``.
-    """
-    storage = pa.int32() if array.type.bit_width == 32 else pa.int64()
-    ticks = array.view(storage).fill_null(0)  # a null is 0 ticks
-    return ticks.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-
-
-def _list_values(array: _ListLike, name: str, path: str, group: int) -> list[Any]:
-    inner = array.type.value_type
-    # A null list reads as an empty list (a fixed-size one as zeros): NOTE[parquet-nulls].
-    valid = None if not array.null_count else array.is_valid().to_numpy(zero_copy_only=False)
-    if pa.types.is_fixed_size_list(array.type):
-        size = array.type.list_size
-        child = array.values.slice(array.offset * size, len(array) * size)
-        if valid is not None and child.null_count:
-            present = child.is_valid().to_numpy(zero_copy_only=False).reshape(-1, size)
-            if not present[valid].all():
-                raise ConfigError(
-                    f"column {name!r} of {path!r} (row group {group}) is a list of {inner} "
-                    "with null elements; only lists of numbers become arrays"
-                )
-            child = _filled(child)  # the elements of null lists only
-        values = _list_child(child, inner, name, path, group).reshape(len(array), size)
-        if valid is not None:
-            values = values.copy()
-            values[~valid] = 0
-        return list(values)
-    listed = cast("pa.ListArray[Any] | pa.LargeListArray[Any]", array)
-    offsets = listed.offsets.to_numpy()
-    values = _list_child(listed.values, inner, name, path, group)
-    if valid is not None:
-        offsets = offsets.copy()
-        ends = offsets[1:]
-        ends[~valid] = offsets[:-1][~valid]  # an empty span for a null list
-    return [values[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
-
-
-def _list_child(
-    child: pa.Array[Any], inner: pa.DataType, name: str, path: str, group: int
-) -> np.ndarray:
-    numeric = (
-        pa.types.is_integer(inner) or pa.types.is_floating(inner) or pa.types.is_boolean(inner)
-    )
-    if not numeric or child.null_count:
-        raise ConfigError(
-            f"column {name!r} of {path!r} (row group {group}) is a list of {inner}"
-            f"{' with null elements' if numeric else ''}; only lists of numbers become arrays"
-        )
-    return np.asarray(child.to_numpy(zero_copy_only=False))
 
 
 def _field_kinds(
