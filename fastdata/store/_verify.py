@@ -23,8 +23,10 @@ the retry budget (NOTE[store-retry]); a body still corrupted when the budget end
 objects on AWS, some S3-compatible servers): when two attempts bring the same bytes and
 both differ from the ETag's MD5 in the same way, the ETag is taken to be something else,
 this read is accepted, MD5 checks of this store are switched off in this process and a
-WARNING says so once. Composite checksums of multipart objects (``<value>-<parts>``) and
-CRC64NVME (no library among fastdata's dependencies) are not checked. The obstore backend
+WARNING says so once. The multipart ETag of an object uploaded in parts
+(``<md5 of the parts' md5s>-<parts>``) is recomputed for the part sizes uploaders use
+(NOTE[multipart-etag]). Composite checksums of multipart objects (``<value>-<parts>``)
+and CRC64NVME (no library among fastdata's dependencies) are not checked. The obstore backend
 cannot see response headers other than the ETag (obstore 0.12), so it checks the ETag's
 MD5 only; docs/store.md has the table of which read is checked by what.
 """
@@ -48,7 +50,7 @@ from fastdata.store._retry import Counters
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-__all__ = ["CHECKSUM_HEADERS", "Verifier", "checksums_in"]
+__all__ = ["CHECKSUM_HEADERS", "PART_SIZES", "Verifier", "checksums_in", "multipart_etag"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,13 @@ CHECKSUM_HEADERS: tuple[tuple[str, str], ...] = (
     ("sha1", "x-amz-checksum-sha1"),
 )
 _MD5_ETAG = re.compile(r"[0-9a-fA-F]{32}")
+_MULTIPART_ETAG = re.compile(r"([0-9a-fA-F]{32})-([0-9]{1,5})")
+_MIB = 1 << 20
+#: NOTE[multipart-etag]: the part sizes uploaders use, most common first: boto3 and the
+#: AWS CLI (8 MiB), the S3 minimum and rclone (5 MiB), MinIO's mc (16 MiB, 64 MiB),
+#: s3fs (50 MiB), then other powers of two.
+PART_SIZES = tuple(n * _MIB for n in (8, 5, 16, 64, 50, 32, 100, 128, 256, 512))
+_UNGUESSABLE_MAX = 4096
 #: Slices fed to the CRC32C library, which takes only read-only buffers (bytes, Bytes).
 _CRC_SLICE = 4 * 1024 * 1024
 
@@ -96,6 +105,16 @@ def _digest(algorithm: str, data: Buffer) -> bytes:
     return int(crc).to_bytes(4, "big")
 
 
+def multipart_etag(data: Buffer, part_bytes: int) -> bytes:
+    """The MD5 of the parts' MD5s of ``data`` cut every ``part_bytes`` (without ``-N``)."""
+    view = memoryview(data)
+    digests = b"".join(
+        hashlib.md5(view[i : i + part_bytes], usedforsecurity=False).digest()
+        for i in range(0, len(view), part_bytes)
+    )
+    return hashlib.md5(digests, usedforsecurity=False).digest()
+
+
 class Verifier:
     """The checks of one store handle in one process (NOTE[store-verify]).
 
@@ -123,6 +142,8 @@ class Verifier:
         self._allowed = {name for name, _ in CHECKSUM_HEADERS} if mode != "never" else set()
         self.md5 = strong
         """Whether the MD5 of a single-part ETag is checked."""
+        self._unguessable: set[tuple[str, str]] = set()
+        """Multipart objects whose parts are not of a size in ``PART_SIZES``."""
 
     def check(self, job: ReadJob, data: Buffer) -> bool:
         """Check one finished read; whether a checksum of the source confirmed it.
@@ -150,8 +171,10 @@ class Verifier:
                 self.counters.add("verified_reads")
                 return True
         etag = job.source_etag
-        if not self.md5 or etag is None or _MD5_ETAG.fullmatch(etag) is None:
+        if not self.md5 or etag is None:
             return False
+        if _MD5_ETAG.fullmatch(etag) is None:
+            return self._check_multipart(job, data, etag)
         got = _digest("md5", data)
         if got.hex() == etag.lower():
             self.counters.add("verified_reads")
@@ -163,6 +186,51 @@ class Verifier:
         self.counters.add("corrupt_transfers")
         raise CorruptTransfer(
             f"MD5 of the {size}-byte body of {job.req.path!r} is {got.hex()}, its ETag says {etag}"
+        )
+
+    def _check_multipart(self, job: ReadJob, data: Buffer, etag: str) -> bool:
+        """NOTE[multipart-etag]: a multipart upload's ETag is the MD5 of its parts' MD5s
+        followed by ``-<parts>``. The parts are not known from a GET, but uploaders cut
+        them at a fixed size, so each size of ``PART_SIZES`` that gives this many parts
+        for this length is tried (usually one). A match verifies the read. When none
+        does, the body is damaged, or its parts were cut at another size: it is read
+        again, and when two reads bring the same bytes (the same digest under the first
+        candidate), the object is taken to have parts of another size, this read is
+        accepted unverified and the object is not checked again in this process. An
+        object whose part count no candidate size gives is not checked.
+        """
+        found = _MULTIPART_ETAG.fullmatch(etag)
+        key = (job.req.path, etag)
+        if found is None or key in self._unguessable:
+            return False
+        view = memoryview(data)
+        expected, parts = found.group(1).lower(), int(found.group(2))
+        sizes = [s for s in PART_SIZES if parts >= 1 and -(-len(view) // s) == parts]
+        if not sizes:
+            return False
+        first = b""
+        for size in sizes:
+            got = multipart_etag(view, size)
+            if got.hex() == expected:
+                self.counters.add("verified_reads")
+                return True
+            first = first or got
+        if job.bad_digest == first:
+            if len(self._unguessable) < _UNGUESSABLE_MAX:
+                self._unguessable.add(key)
+            log.info(
+                "two reads of %r brought the same bytes, whose multipart ETag with parts "
+                "of %s is not %s: its parts were cut at another size; not checked",
+                job.req.path,
+                ", ".join(f"{s // _MIB} MiB" for s in sizes),
+                etag,
+            )
+            return False
+        job.bad_digest = first
+        self.counters.add("corrupt_transfers")
+        raise CorruptTransfer(
+            f"the multipart ETag of the {len(view)}-byte body of {job.req.path!r} with parts "
+            f"of {sizes[0] // _MIB} MiB is {first.hex()}-{parts}, the store says {etag}"
         )
 
     def _not_md5(self, job: ReadJob, etag: str) -> None:
