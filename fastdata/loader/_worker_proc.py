@@ -165,23 +165,29 @@ def _unguarded_main_line() -> str | None:
         return None
     line = top.f_lineno
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and node.body and _is_main_test(node.test):
-            last = node.body[-1]
-            if node.body[0].lineno <= line <= (last.end_lineno or last.lineno):
-                return None
+        body = _guarded_body(node) if isinstance(node, ast.If) else []
+        if body and body[0].lineno <= line <= (body[-1].end_lineno or body[-1].lineno):
+            return None
     return f"{path}, line {line}"
 
 
-def _is_main_test(test: ast.expr) -> bool:
-    """Whether ``test`` is ``__name__ == "__main__"`` (either way round)."""
-    if not isinstance(test, ast.Compare) or len(test.ops) != 1:
-        return False
-    if not isinstance(test.ops[0], ast.Eq):
-        return False
-    sides = [test.left, test.comparators[0]]
-    names = [s for s in sides if isinstance(s, ast.Name) and s.id == "__name__"]
-    values = [s for s in sides if isinstance(s, ast.Constant) and s.value == "__main__"]
-    return len(names) == 1 and len(values) == 1
+def _guarded_body(node: ast.If) -> list[ast.stmt]:
+    """The statements of ``node`` that run only in the script itself: the body of
+    ``if __name__ == "__main__"`` (either way round, also inside ``and``/``or``), the
+    ``else`` of ``if __name__ != "__main__"``; none for any other test."""
+    for test in ast.walk(node.test):
+        if not isinstance(test, ast.Compare) or len(test.ops) != 1:
+            continue
+        sides = [test.left, test.comparators[0]]
+        names = [s for s in sides if isinstance(s, ast.Name) and s.id == "__name__"]
+        values = [s for s in sides if isinstance(s, ast.Constant) and s.value == "__main__"]
+        if len(names) != 1 or len(values) != 1:
+            continue
+        if isinstance(test.ops[0], ast.Eq):
+            return node.body
+        if isinstance(test.ops[0], ast.NotEq) and test is node.test:
+            return node.orelse
+    return []
 
 
 def picklable(*objects: Any) -> bool:

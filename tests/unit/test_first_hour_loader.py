@@ -194,3 +194,39 @@ def test_a_guarded_script_trains_with_a_forkserver(files_dataset: Any, tmp_path:
     done = _run_file(tmp_path, guarded, url, cache, "open")
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[:3] == ["samples", str(SAMPLES), "forkserver:"]
+
+
+@pytest.mark.parametrize(
+    ("source", "guarded"),
+    [
+        ('if __name__ == "__main__":\n    start()\n', True),
+        ("if '__main__' == __name__:\n    start()\n", True),
+        ('if __name__ == "__main__" and DEBUG:\n    start()\n', True),
+        ('def main():\n    start()\n\nif __name__ == "__main__":\n    main()\n', True),
+        ("start()\n", False),
+        ('def main():\n    start()\n\nmain()\nif __name__ == "__main__":\n    pass\n', False),
+        ('if __name__ != "__main__":\n    pass\nelse:\n    start()\n', True),
+        ('if __name__ != "__main__":\n    pass\nstart()\n', False),
+    ],
+)
+def test_the_guard_check_finds_the_line_that_starts_the_workers(
+    tmp_path: Path, source: str, guarded: bool
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys\nfrom fastdata._workers import _unguarded_main_line\n"
+        "DEBUG = True\n"
+        "def start():\n    print(_unguarded_main_line())\n" + source
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    where = done.stdout.strip()
+    assert (where == "None") is guarded, where
+    if not guarded:
+        assert where.startswith(f"{script}, line ")
