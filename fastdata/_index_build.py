@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from fastdata._index_keys import namespace_id, source_fingerprint, spec_key
+from fastdata._index_keys import dataset_id, source_fingerprint, spec_key
 from fastdata._sample_index import SampleIndex
 from fastdata.config import default_cache_dir
 from fastdata.errors import ConfigError
@@ -67,7 +67,7 @@ class Selection:
         self.objects = sorted(objects, key=lambda o: o.path.encode("utf-8", "surrogateescape"))
         self.layout = layout
         self.pattern = pattern
-        self.dataset_id = namespace_id(identity, url)
+        self.dataset_id = dataset_id(identity, url)
         spec = json.dumps([layout.name, layout.options(), pattern], sort_keys=True).encode()
         self.fingerprint = source_fingerprint(self.dataset_id + spec, self.objects)
 

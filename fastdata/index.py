@@ -27,7 +27,7 @@ Saving is atomic and safe between processes: NOTE[index-publish] in
 from __future__ import annotations
 
 from fastdata._index_build import save_index
-from fastdata._index_keys import namespace_id, namespace_name
+from fastdata._index_keys import dataset_id, namespace_id, namespace_name
 from fastdata._index_open import Consistency as Consistency
 from fastdata._index_open import DatasetChangedWarning, open_index
 from fastdata._index_read import MAX_UNIT_BYTES as MAX_UNIT_BYTES
@@ -40,6 +40,7 @@ __all__ = [
     "DatasetChangedWarning",
     "IndexSource",
     "SampleIndex",
+    "dataset_id",
     "normalize_url",
     "namespace_id",
     "namespace_name",

@@ -12,12 +12,13 @@ from __future__ import annotations
 from fastdata.ops._clear import ClearResult, clear_cache
 from fastdata.ops._doctor import DoctorConfig, DoctorReport, doctor
 from fastdata.ops._saved import SavedIndex, saved_indexes
-from fastdata.ops._stats import CacheReport, DatasetReport, cache_stats
+from fastdata.ops._stats import CacheReport, DatasetReport, NamespaceReport, cache_stats
 
 __all__ = [
     "CacheReport",
     "ClearResult",
     "DatasetReport",
+    "NamespaceReport",
     "DoctorConfig",
     "DoctorReport",
     "SavedIndex",
