@@ -66,7 +66,7 @@ def match_datasets(
     namespace id the namespace (every cached record of one store). Else it is a URL,
     which matches every saved index of that URL (any layout or pattern) and the
     namespaces of the earlier per-dataset scheme registered under it
-    (``<url> @ <identity>``). ``known`` are the namespaces the cache knows.
+    (``<url> @ <identity>`` or the bare URL). ``known`` are the namespaces the cache knows.
 
     Raises:
         ConfigError: The prefix matches several ids (the message lists them).
@@ -88,10 +88,9 @@ def match_datasets(
             return (set() if indexes else {wanted}), indexes
     url = normalize_url(dataset)
     indexes = [s for s in saved if s.url == url]
-    # Names "<url> @ <identity>" are namespaces of the earlier per-dataset key scheme.
-    ids = {
-        d.dataset_id for d in known if " @ " in d.name and d.name.split(" @ ")[0] in (url, dataset)
-    }
+    # Namespaces of the earlier per-dataset scheme were named "<url> @ <identity>" (or
+    # the bare URL); a store's namespace is named by its identity, never a URL.
+    ids = {d.dataset_id for d in known if d.name.split(" @ ")[0] in (url, dataset)}
     return ids, indexes
 
 

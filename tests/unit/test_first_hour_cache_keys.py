@@ -136,3 +136,28 @@ def test_keys_of_different_roots_agree_and_tables_stay_per_spec(tmp_path: Path) 
             strict=True,
         ):
             assert keys["train/" + name] == key
+
+
+def test_old_scheme_entries_are_misses_listed_by_name_and_cleared_by_url(
+    tmp_path: Path, config: FastdataConfig
+) -> None:
+    from fastdata.cache import LmdbTier
+    from tests.contracts.tier_contract import DATASET, item
+
+    root = tmp_path / "digits"
+    _digits(root)
+    with fastdata.Dataset(root / "train", layout="files", cache_dir=config.cache.dir) as ds:
+        url, identity = ds.index.url, ds.index.store_identity
+    with LmdbTier(config.cache) as tier:  # what the per-URL scheme left behind
+        tier.register_dataset(DATASET, num_samples=3, name=f"{url} @ {identity}")
+        assert tier.put_many([item(i) for i in range(3)]) == 3
+    with fastdata.Dataset(
+        root / "train", layout="files", cache_dir=config.cache.dir, ram_bytes=0
+    ) as ds:
+        _, cache, _ = _epoch(ds)
+    assert cache["source_samples"] == 24  # the old entries are never read
+    names = {n.name for n in cache_stats(config.cache).namespaces}
+    assert names == {f"{url} @ {identity}", identity}
+    cleared = clear_cache(config.cache, dataset=url)
+    assert cleared.entries == 24 + 3  # its records and the old namespace
+    assert cache_stats(config.cache).entries == 0
