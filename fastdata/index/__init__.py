@@ -29,7 +29,7 @@ an index shares) and :func:`mix` (the key hash of NOTE[cache-keys]).
 from __future__ import annotations
 
 from fastdata.index._build import save_index
-from fastdata.index._keys import mix, namespace_id, namespace_name
+from fastdata.index._keys import dataset_id, mix, namespace_id, namespace_name
 from fastdata.index._open import Consistency as Consistency
 from fastdata.index._open import DatasetChangedWarning, StoreUnreachableWarning, open_index
 from fastdata.index._read import MAX_UNIT_BYTES as MAX_UNIT_BYTES
@@ -45,6 +45,7 @@ __all__ = [
     "IndexSource",
     "SampleIndex",
     "StoreUnreachableWarning",
+    "dataset_id",
     "normalize_url",
     "mix",
     "namespace_id",

@@ -28,7 +28,7 @@ import numpy as np
 
 from fastdata.config import default_cache_dir
 from fastdata.errors import ConfigError
-from fastdata.index._keys import namespace_id, source_fingerprint, spec_key
+from fastdata.index._keys import dataset_id, source_fingerprint, spec_key
 from fastdata.index._sample_index import SampleIndex
 from fastdata.layouts import ROW_DTYPE, Layout, detect_layout, make_layout, refuse_compressed
 from fastdata.layouts.base import BuildResult, CompanionLayout, ObjectScan
@@ -67,7 +67,7 @@ class Selection:
         self.objects = sorted(objects, key=lambda o: o.path.encode("utf-8", "surrogateescape"))
         self.layout = layout
         self.pattern = pattern
-        self.dataset_id = namespace_id(identity, url)
+        self.dataset_id = dataset_id(identity, url)
         spec = json.dumps([layout.name, layout.options(), pattern], sort_keys=True).encode()
         self.fingerprint = source_fingerprint(self.dataset_id + spec, self.objects)
 

@@ -5,17 +5,25 @@ Plain functions without I/O; ``fastdata.index`` re-exports the public ones.
 NOTE[cache-keys]: two identities, each derived here and nowhere else (docs/cache.md,
 "Keys"). The *sample table* is saved under a key made of the whole spec (URL, layout,
 pattern, fields, options) and the store's identity (``Store.identity``: scheme, resolved
-endpoint or region, bucket), so two servers never share a saved index. The *cached
-bytes* of a sample are keyed by what they are: an 8-byte namespace (the store's identity
-and the dataset root) and 8 bytes derived from the source object's version (path, size,
-ETag), the sample's byte range, and the layout settings that change the record
-(``Layout.record_options``). Two specs over the same objects (a warm without labels and a
-loader with labels, or two overlapping patterns) therefore share their cached records,
+endpoint or region, bucket), so two servers never share a saved index and every spec
+keeps its own table. The *cached bytes* of a sample belong to the source object, not to
+the spec that found it: an 8-byte namespace of the store alone (:func:`namespace_id`:
+scheme, endpoint or region, bucket) and 8 bytes derived from the object's version (its
+full name on the store, ``<dataset URL>/<path>``, its size and ETag:
+``layouts.table.object_digest``), the sample's byte range, and the layout settings that
+change the record (``Layout.record_options``). Any two specs over the same objects (a
+warm of the bucket root and a loader on a prefix below it, a warm without labels and a
+loader with labels, two overlapping patterns) therefore share their cached records,
 and a changed object gets new keys. Each entry also carries a 16-byte fingerprint of the
-same facts (plus the store identity) that the tiers compare on every read, so a key
-collision is a miss, never wrong bytes. A ``SampleIndex`` answers the cache layer's
-questions (``keys``, ``fingerprints``, ``read_samples``) batch by batch with numpy, from
-the words made here.
+same facts plus the store identity that the tiers compare on every read, so a key
+collision is a miss, never wrong bytes; two servers never share an entry (their
+namespaces and fingerprint salts differ). The namespace is what the cache tiers count
+and evict by (``DatasetInfo`` of the LMDB tier); a spec's own 8-byte
+:func:`dataset_id` (store identity and URL) names its saved index, its warm claims and
+its row in ``fastdata stats``. A ``SampleIndex`` answers the cache layer's questions
+(``keys``, ``fingerprints``, ``read_samples``) batch by batch with numpy, from the words
+made here. Entries written under the earlier scheme (one namespace per dataset URL) are
+never read again: they are misses, evicted as idle like any unused namespace.
 """
 
 from __future__ import annotations
@@ -30,9 +38,19 @@ import numpy.typing as npt
 
 from fastdata.layouts import Layout
 from fastdata.layouts.files import callable_identity
+from fastdata.layouts.table import object_name
 from fastdata.store import ObjectInfo
 
-__all__ = ["key_words", "mix", "namespace_id", "namespace_name", "source_fingerprint", "spec_key"]
+__all__ = [
+    "dataset_id",
+    "key_words",
+    "mix",
+    "namespace_id",
+    "namespace_name",
+    "object_name",
+    "source_fingerprint",
+    "spec_key",
+]
 
 _MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
 
@@ -86,15 +104,23 @@ def _stable_repr(value: Any) -> str:
     return repr(value)
 
 
-def namespace_name(url: str, identity: str) -> str:
-    """``<url> @ <store identity>``: how a cache namespace is registered and shown;
-    ``fastdata clear --dataset URL`` matches the part before `` @ ``."""
-    return f"{url} @ {identity}"
+def namespace_name(identity: str) -> str:
+    """How the record namespace of the store ``identity`` is registered and shown: the
+    identity itself (``s3://bucket@http://host:port``)."""
+    return identity
 
 
-def namespace_id(identity: str, url: str) -> bytes:
-    """The 8-byte cache namespace of the dataset root ``url`` on the store ``identity``
-    (the first half of every key of its samples; NOTE[cache-keys])."""
+def namespace_id(identity: str) -> bytes:
+    """The 8-byte record namespace of the store ``identity`` (scheme, endpoint or
+    region, bucket): the first half of every key of its objects' records, whatever the
+    spec that reads them (NOTE[cache-keys])."""
+    text = json.dumps({"store": identity, "keys": "object"}, sort_keys=True)
+    return hashlib.blake2b(text.encode(), digest_size=8, person=b"fastdata-ns").digest()
+
+
+def dataset_id(identity: str, url: str) -> bytes:
+    """The 8-byte id of the dataset root ``url`` on the store ``identity``: it names the
+    spec's saved index, warm claims and ``fastdata stats`` row, never cached bytes."""
     text = json.dumps({"store": identity, "url": url}, sort_keys=True)
     return hashlib.blake2b(text.encode(), digest_size=8, person=b"fastdata-ns").digest()
 

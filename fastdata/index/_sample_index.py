@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from fastdata.errors import ConfigError, CorruptRecordError
-from fastdata.index._keys import key_words, mix
+from fastdata.index._keys import key_words, mix, namespace_id
 from fastdata.index._read import UnitReader
 from fastdata.index._source_base import BoundSource
 from fastdata.layouts import Layout, Sample, make_layout
@@ -44,10 +44,13 @@ class SampleIndex:
         self.url: str = meta["url"]
         """The normalized dataset URL."""
         self.dataset_id: bytes = bytes.fromhex(meta["dataset_id"])
-        """8 bytes, the cache namespace of the dataset: a digest of the store identity and
-        the URL (NOTE[cache-keys]); every key of its samples starts with it."""
+        """8 bytes naming this spec's root: a digest of the store identity and the URL
+        (NOTE[cache-keys]); its saved index, warm claims and ``fastdata stats`` row."""
         self.store_identity: str = meta["store_identity"]
         """``Store.identity`` of the store the index was built from."""
+        self.namespace: bytes = namespace_id(self.store_identity)
+        """8 bytes, the record namespace of the store (NOTE[cache-keys]): every key of
+        its samples starts with it, shared by every spec over the same store."""
         self.built_at: float = float(meta.get("built_at", 0.0))
         """When the index version was built (seconds since the epoch)."""
         self.fingerprint: str = meta["fingerprint"]
@@ -60,7 +63,7 @@ class SampleIndex:
         )
         """The layout that reads the samples."""
         self.storage_options = dict(storage_options or {})
-        self._prefix = np.frombuffer(self.dataset_id, dtype=np.uint8)
+        self._prefix = np.frombuffer(self.namespace, dtype=np.uint8)
         self._recipe, self._salt = key_words(self.store_identity, self.layout)
         self._shard_sizes: np.ndarray | None = None
         self._reader = UnitReader(table, self.layout, self.url)
@@ -165,9 +168,10 @@ class SampleIndex:
     def keys(self, sample_ids: Any) -> list[bytes]:
         """16-byte cache keys: the namespace, then 8 bytes of the sample's source version.
 
-        NOTE[cache-keys]: the second half depends only on the object's version (path,
-        size, ETag), the sample's byte range and the record settings, never on the spec
-        that found the sample, so specs over the same objects share entries.
+        NOTE[cache-keys]: the first half is the store's namespace, the second depends
+        only on the object's version (full name, size, ETag), the sample's byte range
+        and the record settings, never on the spec that found the sample, so specs over
+        the same objects share entries.
         """
         d0, d1, offset, length, aux = self._content_words(sample_ids)
         word = mix(d0 ^ mix(d1 ^ mix(offset ^ mix(length ^ mix(aux ^ self._recipe)))))

@@ -26,6 +26,9 @@ class Namespaced(Protocol):
     def dataset_id(self) -> bytes: ...
 
     @property
+    def namespace(self) -> bytes: ...
+
+    @property
     def url(self) -> str: ...
 
     @property
@@ -71,8 +74,9 @@ class BoundSource(Generic[IndexT]):
 
     @property
     def dataset_id(self) -> bytes:
-        """The 8-byte cache namespace (the first half of every key, NOTE[cache-keys])."""
-        return self.index.dataset_id
+        """The 8-byte record namespace of the store (the first half of every key, what
+        the tiers count and evict by: NOTE[cache-keys]); not the spec's ``dataset_id``."""
+        return self.index.namespace
 
     @property
     def url(self) -> str:
@@ -82,4 +86,4 @@ class BoundSource(Generic[IndexT]):
     @property
     def name(self) -> str:
         """What ``fastdata stats`` shows for the namespace (``namespace_name``)."""
-        return namespace_name(self.index.url, self.index.store_identity)
+        return namespace_name(self.index.store_identity)

@@ -45,11 +45,20 @@ import numpy as np
 from fastdata.layouts.base import ROW_DTYPE
 from fastdata.store import ObjectInfo
 
-__all__ = ["FORMAT_VERSION", "OBJECT_DTYPE", "SampleTable", "TableVersions", "object_digest"]
+__all__ = [
+    "FORMAT_VERSION",
+    "OBJECT_DTYPE",
+    "SampleTable",
+    "TableVersions",
+    "object_digest",
+    "object_name",
+]
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: object digests over the full object name (NOTE[cache-keys]); a table of an older
+format is unreadable, so its spec is indexed again on the next open."""
 OBJECT_DTYPE = np.dtype(
     [
         ("size", "<u8"),
@@ -64,8 +73,16 @@ _ENCODING = ("utf-8", "surrogateescape")
 _VERSION_RE = re.compile(r"[0-9a-f]{32}")
 
 
+def object_name(url: str, path: str) -> str:
+    """The full name of the object ``path`` of the dataset root ``url`` on its store:
+    the same for every root above it (``s3://b`` + ``train/x`` = ``s3://b/train`` + ``x``;
+    NOTE[cache-keys] in ``fastdata/_index_keys.py``)."""
+    return f"{url.rstrip('/')}/{path}"
+
+
 def object_digest(path: str, size: int, etag: str | None) -> bytes:
-    """16 bytes that change whenever the object's path, size or ETag does."""
+    """16 bytes that change whenever the object's name, size or ETag does (``path`` is
+    its full :func:`object_name`, so the digest is the same under every root)."""
     text = f"{path}\0{size}\0{etag or ''}".encode(*_ENCODING)
     return hashlib.blake2b(text, digest_size=16, person=b"fastdata-object").digest()
 
@@ -123,7 +140,8 @@ class SampleTable:
         directory.mkdir(mode=0o700)
         table = np.zeros(len(objects), dtype=OBJECT_DTYPE)
         table["size"] = np.fromiter((o.size for o in objects), dtype=np.uint64, count=len(objects))
-        digests = b"".join(object_digest(o.path, o.size, o.etag) for o in objects)
+        url = str(meta["url"])
+        digests = b"".join(object_digest(object_name(url, o.path), o.size, o.etag) for o in objects)
         halves = np.frombuffer(digests, dtype="<u8").reshape(-1, 2)
         table["d0"], table["d1"] = halves[:, 0], halves[:, 1]
         paths, table["path_end"] = _blob([o.path.encode(*_ENCODING) for o in objects])

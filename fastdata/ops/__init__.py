@@ -23,13 +23,14 @@ from fastdata.ops._render import (
     warm_summary,
 )
 from fastdata.ops._saved import SavedIndex, saved_indexes
-from fastdata.ops._stats import CacheReport, DatasetReport, cache_stats
+from fastdata.ops._stats import CacheReport, DatasetReport, NamespaceReport, cache_stats
 
 __all__ = [
     "BarProgress",
     "CacheReport",
     "ClearResult",
     "DatasetReport",
+    "NamespaceReport",
     "DoctorConfig",
     "DoctorReport",
     "LogProgress",

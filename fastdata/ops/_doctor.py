@@ -25,7 +25,7 @@ from fastdata.errors import ConfigError
 from fastdata.index import SampleIndex, open_index
 from fastdata.ops._advice import advise
 from fastdata.store import Store
-from fastdata.warm import DatasetSpec, NodePlan, access_order, source_bytes
+from fastdata.warm import DatasetSpec, NodePlan, access_order, cached_samples, source_bytes
 
 __all__ = ["DoctorConfig", "DoctorReport", "doctor"]
 
@@ -289,7 +289,7 @@ def doctor(
         measured = _measure_store(index, store, options)
     with LmdbTier(config.cache) as tier:
         datasets = tier.datasets()
-    cached = next((d.entries for d in datasets if d.dataset_id == index.dataset_id), 0)
+        cached = cached_samples(tier, index)  # records are shared: NOTE[cache-keys]
     needed, needed_bytes, needed_cost = _need(index, plan)
     write_mb_s, read_mb_s = _measure_disk(cache_dir, options.disk_bytes)
     vfs = os.statvfs(cache_dir)
@@ -303,7 +303,7 @@ def doctor(
         needed_cache_bytes=needed_cost,
         cached_samples=cached,
         budget_bytes=config.cache.max_bytes,
-        room_bytes=room_bytes(config.cache, datasets, index.dataset_id),
+        room_bytes=room_bytes(config.cache, datasets, index.namespace),
         index_s=index_s,
         concurrency=options.concurrency,
         batch_size=options.batch_size,

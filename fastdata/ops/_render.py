@@ -228,7 +228,19 @@ def stats_table(report: CacheReport) -> list[Any]:
             format_size(d.cached_bytes),
             age_text(d.last_access_s),
         )
-    return [overview, datasets]
+    # NOTE[cache-keys]: records belong to the store; datasets over the same objects share
+    # them, so the rows above may count one record twice, the namespaces never.
+    spaces = Table(title="cached records by store (shared by the datasets over it)")
+    spaces.add_column("namespace", no_wrap=True)
+    spaces.add_column("store", overflow="fold", ratio=1, min_width=16)
+    for name in ("entries", "bytes", "last read"):
+        spaces.add_column(name, justify="right", no_wrap=True)
+    for n in report.namespaces:
+        spaces.add_row(
+            n.namespace, n.name or "?", str(n.entries), format_size(n.bytes_used),
+            age_text(n.last_access_s),
+        )  # fmt: skip
+    return [overview, datasets, spaces]
 
 
 def stats_console(renderables: list[RenderableType]) -> Console:

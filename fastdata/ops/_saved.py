@@ -1,7 +1,8 @@
 """The sample indexes saved in a cache directory (``<cache_dir>/index/<key>/``).
 
-``fastdata stats`` names cached datasets by them (the LMDB tier knows only dataset ids)
-and ``fastdata clear --dataset URL`` finds a URL's dataset ids and removes its indexes.
+``fastdata stats`` counts each one's cached samples key by key (the LMDB tier knows only
+record namespaces, one per store: NOTE[cache-keys]) and ``fastdata clear --dataset URL``
+evicts a URL's records and removes its indexes.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from fastdata.index import SampleIndex, namespace_id
 from fastdata.layouts.table import TableVersions
 
-__all__ = ["SavedIndex", "remove_index", "saved_indexes"]
+__all__ = ["SavedIndex", "open_saved", "remove_index", "saved_indexes"]
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +29,10 @@ class SavedIndex:
     root: Path
     """The index's directory (all its versions)."""
     dataset_id: bytes
-    """The dataset id (the cache key prefix)."""
+    """The spec's dataset id (store identity and URL; NOTE[cache-keys])."""
+    namespace: bytes
+    """The record namespace of its store: the key prefix of its cached records, which
+    every spec over the same store shares (NOTE[cache-keys])."""
     url: str
     """The normalized dataset URL."""
     layout: str
@@ -58,6 +63,7 @@ def saved_indexes(cache_dir: Path) -> list[SavedIndex]:
                 SavedIndex(
                     root=root,
                     dataset_id=bytes.fromhex(meta["dataset_id"]),
+                    namespace=namespace_id(str(meta["store_identity"])),
                     url=str(meta["url"]),
                     layout=str(meta["layout"]),
                     pattern=str(meta["pattern"]),
@@ -69,6 +75,12 @@ def saved_indexes(cache_dir: Path) -> list[SavedIndex]:
             logger.warning("saved index %s has unreadable metadata (%s); skipped", root, exc)
     found.sort(key=lambda s: (s.url, s.layout, s.pattern))
     return found
+
+
+def open_saved(saved: SavedIndex) -> SampleIndex | None:
+    """The live version of a saved index, opened (``None`` when it went away)."""
+    table = TableVersions(saved.root).current()
+    return SampleIndex(table) if table is not None else None
 
 
 def remove_index(saved: SavedIndex) -> None:

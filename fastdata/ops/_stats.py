@@ -12,17 +12,42 @@ from typing import Any
 from fastdata.cache import LmdbTier
 from fastdata.config import CacheConfig
 from fastdata.errors import ConfigError
-from fastdata.ops._saved import saved_indexes
+from fastdata.ops._saved import open_saved, saved_indexes
+from fastdata.warm import cached_samples
 
-__all__ = ["CacheReport", "DatasetReport", "cache_stats"]
+__all__ = ["CacheReport", "DatasetReport", "NamespaceReport", "cache_stats"]
+
+
+@dataclass(frozen=True)
+class NamespaceReport:
+    """One record namespace of the LMDB tier: the cached records of one store (scheme,
+    endpoint or region, bucket), shared by every dataset over it (NOTE[cache-keys])."""
+
+    namespace: str
+    """The namespace in hex (the key prefix of its records)."""
+    name: str
+    """The store identity it was registered with (``s3://bucket@endpoint``); a name
+    ``<url> @ <identity>`` marks entries of the earlier per-dataset scheme, which are
+    misses now and go when idle or with ``fastdata clear``."""
+    entries: int
+    """Cached records."""
+    bytes_used: int
+    """Bytes those entries take (records and entry headers)."""
+    last_access_s: float
+    """Wall-clock time of the last recorded read, 0 when none."""
 
 
 @dataclass(frozen=True)
 class DatasetReport:
-    """One dataset known to the cache (cached entries, a saved index, or both)."""
+    """One dataset with a saved index, and how much of it the cache holds.
+
+    Datasets over the same objects share their records (NOTE[cache-keys]): each counts
+    the records it would read, so a record two datasets share counts in both rows; the
+    namespace rows (:class:`NamespaceReport`) count each record once.
+    """
 
     dataset_id: str
-    """The dataset id in hex (the cache key prefix)."""
+    """The spec's dataset id in hex (store identity and URL)."""
     url: str
     """The dataset URL (from its saved index, or the label it was registered with)."""
     layout: str
@@ -30,14 +55,15 @@ class DatasetReport:
     samples: int
     """Samples in the dataset (0 when unknown)."""
     cached: int
-    """Samples in the cache."""
+    """Its samples the cache holds, looked up key by key (``contains_many``)."""
     cached_bytes: int
-    """Bytes those entries take (records and entry headers)."""
+    """Bytes those entries take, estimated from its namespace's mean entry size."""
     last_access_s: float
-    """Wall-clock time of the last recorded read, 0 when none."""
+    """Wall-clock time of the last recorded read of its namespace, 0 when none."""
     name: str = ""
-    """The name the dataset was registered with in the cache (what ``fastdata stats``
-    shows in full), else its URL; empty when unknown."""
+    """What ``fastdata stats`` shows for it in full: its URL."""
+    namespace: str = ""
+    """The record namespace (hex) its cached records live in (a :class:`NamespaceReport`)."""
 
     @property
     def cached_fraction(self) -> float:
@@ -66,10 +92,12 @@ class CacheReport:
     entries: int
     """Cached samples, all datasets."""
     datasets: tuple[DatasetReport, ...]
-    """Every dataset with entries or a saved index."""
+    """Every dataset with a saved index."""
     counters: dict[str, int]
     """Node-wide event counters: hits, misses, stale, corruptions, rejections, evictions,
     bytes_read, bytes_written (``LmdbTier.node_counters``)."""
+    namespaces: tuple[NamespaceReport, ...] = ()
+    """Every record namespace with entries: where the bytes are, each record once."""
 
     @property
     def hit_rate(self) -> float:
@@ -98,26 +126,35 @@ def _free_bytes(path: Path) -> int:
     return vfs.f_bavail * vfs.f_frsize
 
 
+def _namespaces(tier: LmdbTier) -> tuple[NamespaceReport, ...]:
+    found = [
+        NamespaceReport(d.dataset_id.hex(), d.name, d.entries, d.bytes_used, d.last_access_s)
+        for d in tier.datasets()
+        if d.entries
+    ]
+    found.sort(key=lambda n: (-n.last_access_s, n.name))
+    return tuple(found)
+
+
 def _datasets(tier: LmdbTier, cache_dir: Path) -> tuple[DatasetReport, ...]:
-    saved = {s.dataset_id: s for s in saved_indexes(cache_dir)}
-    # A dataset whose entries were all cleared keeps its registration in the tier; it
-    # is shown only while it still has entries or a saved index.
-    cached = {d.dataset_id: d for d in tier.datasets() if d.entries or d.dataset_id in saved}
+    spaces = {d.dataset_id: d for d in tier.datasets()}
     out = []
-    for dataset_id in sorted(set(saved) | set(cached)):
-        index = saved.get(dataset_id)
-        info = cached.get(dataset_id)
+    for saved in saved_indexes(cache_dir):
+        space = spaces.get(saved.namespace)
+        index = open_saved(saved) if space is not None and space.entries else None
+        cached = cached_samples(tier, index) if index is not None else 0
+        per_entry = space.bytes_used / space.entries if space and space.entries else 0.0
         out.append(
             DatasetReport(
-                dataset_id=dataset_id.hex(),
-                url=index.url if index else (info.name if info else ""),
-                layout=index.layout if index else "",
-                samples=(info.num_samples if info and info.num_samples else 0)
-                or (index.samples if index else 0),
-                cached=info.entries if info else 0,
-                cached_bytes=info.bytes_used if info else 0,
-                last_access_s=info.last_access_s if info else 0.0,
-                name=(info.name if info else "") or (index.url if index else ""),
+                dataset_id=saved.dataset_id.hex(),
+                url=saved.url,
+                layout=saved.layout,
+                samples=saved.samples,
+                cached=cached,
+                cached_bytes=round(cached * per_entry),
+                last_access_s=space.last_access_s if space else 0.0,
+                name=saved.url,
+                namespace=saved.namespace.hex(),
             )
         )
     out.sort(key=lambda d: (-d.last_access_s, d.url))
@@ -166,12 +203,23 @@ def cache_stats(config: CacheConfig) -> CacheReport:
             entries=stats.entries,
             datasets=datasets,
             counters=counters,
+            namespaces=_namespaces(tier),
         )
 
 
 def _datasets_without_lmdb(cache_dir: Path) -> tuple[DatasetReport, ...]:
     return tuple(
-        DatasetReport(s.dataset_id.hex(), s.url, s.layout, s.samples, 0, 0, 0.0, name=s.url)
+        DatasetReport(
+            s.dataset_id.hex(),
+            s.url,
+            s.layout,
+            s.samples,
+            0,
+            0,
+            0.0,
+            name=s.url,
+            namespace=s.namespace.hex(),
+        )
         for s in saved_indexes(cache_dir)
     )
 

@@ -89,6 +89,8 @@ class BlockIndex:
         """Chunks: the cache entries and reads of the corpus."""
         self.url = base.url
         self.dataset_id = base.dataset_id
+        self.namespace = base.namespace
+        """The store's record namespace: the first half of every chunk key (NOTE[cache-keys])."""
         self.store_identity = base.store_identity
         self.storage_options = base.storage_options
         self.eos_id = pieces.eos_id
@@ -105,7 +107,7 @@ class BlockIndex:
             _word(base.store_identity + content, b"fastdata-tokfp0"),
             _word(base.store_identity + content, b"fastdata-tokfp1"),
         )
-        self._prefix = np.frombuffer(self.dataset_id, dtype=np.uint8)
+        self._prefix = np.frombuffer(self.namespace, dtype=np.uint8)
         objects = base._table.objects
         self._piece_d0 = np.asarray(objects["d0"][pieces.piece_obj], dtype=np.uint64)
         self._piece_d1 = np.asarray(objects["d1"][pieces.piece_obj], dtype=np.uint64)

@@ -13,7 +13,7 @@ This package imports no torch: ``fastdata warm`` starts without it.
 
 from __future__ import annotations
 
-from fastdata.warm._run import WarmStop
+from fastdata.warm._run import WarmStop, cached_samples
 from fastdata.warm._select import access_order, node_order, source_bytes
 from fastdata.warm._types import (
     DatasetSpec,
@@ -37,6 +37,7 @@ __all__ = [
     "WarmStatus",
     "WarmStop",
     "access_order",
+    "cached_samples",
     "node_order",
     "select",
     "source_bytes",

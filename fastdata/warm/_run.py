@@ -130,6 +130,13 @@ def present_mask(tier: LmdbTier, index: SampleIndex, ids: np.ndarray) -> np.ndar
     return out
 
 
+def cached_samples(tier: LmdbTier, index: SampleIndex) -> int:
+    """How many samples of ``index`` the LMDB tier holds for their current fingerprint,
+    counted key by key: records are the store's and shared between specs over the same
+    objects (NOTE[cache-keys]), so a namespace's entry count is no one spec's."""
+    return int(present_mask(tier, index, np.arange(len(index), dtype=np.int64)).sum())
+
+
 @dataclass
 class _Unit:
     """A claimed unit: the samples still to fetch and how much of it is settled."""

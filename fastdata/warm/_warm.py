@@ -13,7 +13,7 @@ from fastdata.cache import LmdbTier
 from fastdata.cache.lmdb import fit_budget, record_costs, room_bytes
 from fastdata.config import FastdataConfig
 from fastdata.errors import CacheError, ConfigError
-from fastdata.index import SampleIndex, open_index
+from fastdata.index import SampleIndex, namespace_name, open_index
 from fastdata.store import Store
 from fastdata.warm._claims import ClaimFile
 from fastdata.warm._fetch import Failure
@@ -62,7 +62,7 @@ def select(index: SampleIndex, plan: NodePlan | None, tier: LmdbTier) -> Selecti
     order = access_order(index, plan)
     est = source_bytes(index, order)
     costs = record_costs(est)
-    room = room_bytes(tier.config, tier.datasets(), index.dataset_id)
+    room = room_bytes(tier.config, tier.datasets(), index.namespace)
     keep = fit_budget(costs, room)
     by_id = np.argsort(order[:keep], kind="stable")
     return Selection(
@@ -176,7 +176,8 @@ def warm(
     with store, LmdbTier(config.cache) as tier:
         _check_usable(tier)
         index = open_index(spec, store=store, cache_dir=tier.root)
-        tier.register_dataset(index.dataset_id, num_samples=len(index), name=index.url)
+        name = namespace_name(index.store_identity)  # NOTE[cache-keys]: the store's records
+        tier.register_dataset(index.namespace, num_samples=len(index), name=name)
         selection = select(index, plan, tier)
         present = _present(tier, index, selection.ids)
         index_s = time.monotonic() - started
@@ -194,7 +195,7 @@ def warm(
 def _present(tier: LmdbTier, index: SampleIndex, ids: np.ndarray) -> np.ndarray:
     """Which selected samples the cache holds; no lookups when it holds none of the
     dataset (a first warm). Each claimed unit is checked again anyway (NOTE[warm-claims])."""
-    held = sum(d.entries for d in tier.datasets() if d.dataset_id == index.dataset_id)
+    held = sum(d.entries for d in tier.datasets() if d.dataset_id == index.namespace)
     if not held:
         return np.zeros(len(ids), dtype=bool)
     return present_mask(tier, index, ids)

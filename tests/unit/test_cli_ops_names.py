@@ -92,23 +92,28 @@ def test_an_ambiguous_prefix_is_exit_2_listing_the_matches(config: FastdataConfi
 
 
 def test_the_stats_table_shows_the_name_in_full(tmp_path: Path, config: FastdataConfig) -> None:
-    result = warm(DatasetSpec(str(make_dataset(tmp_path / "a", 5)), layout="files"), config=config)
-    with LmdbTier(config.cache) as tier:
-        tier.register_dataset(bytes.fromhex(result.dataset_id), num_samples=5, name=LONG_NAME)
+    # Records are the store's (NOTE[cache-keys]): the name shown in full is the one its
+    # namespace was registered with.
+    warm(DatasetSpec(str(make_dataset(tmp_path / "a", 5)), layout="files"), config=config)
     (report,) = cache_stats(config.cache).datasets
-    assert report.name == LONG_NAME
+    with LmdbTier(config.cache) as tier:
+        tier.register_dataset(bytes.fromhex(report.namespace), num_samples=5, name=LONG_NAME)
+    (space,) = cache_stats(config.cache).namespaces
+    assert space.name == LONG_NAME
+    assert space.namespace == report.namespace
     assert (
         json.loads(invoke(["stats", "--cache-dir", config.cache.dir, "--json"]).stdout)[  # type: ignore[list-item]
-            "datasets"
+            "namespaces"
         ][0]["name"]
         == LONG_NAME
     )
     for width in (80, 200):
         out = invoke(["stats", "--cache-dir", config.cache.dir], width=width)  # type: ignore[list-item]
         assert out.exit_code == 0, out.output
-        cells = [line.split("│") for line in out.stdout.splitlines() if line.count("│") > 3]
-        # The dataset table's rows: its first two columns, fragments joined across lines.
+        table = out.stdout.split("cached records by store")[1]
+        cells = [line.split("│") for line in table.splitlines() if line.count("│") > 3]
+        # The namespace table's rows: its first two columns, fragments joined across lines.
         ids = "".join(c[1].strip() for c in cells)
         names = " ".join(c[2].strip() for c in cells if c[2].strip())
-        assert ids == result.dataset_id
+        assert ids == space.namespace
         assert names.replace(" ", "") == LONG_NAME.replace(" ", "")

@@ -134,6 +134,26 @@ def test_dropped_tokens_of_tail_drop_counts_the_tail_and_dropped_blocks(tmp_path
         assert loader.stats().dropped_tokens == TAIL + T  # 33 blocks: one is left over
 
 
+@pytest.mark.parametrize("shuffle", ["global", "shard_window", "none"])
+def test_epoch_order_last_fixed_keeps_the_last_ids_at_the_end(shuffle: Any) -> None:
+    from fastdata.plan import EpochOrder, PlanConfig
+
+    config = PlanConfig(batch_size=4, shuffle=shuffle, window_samples=5)
+    sizes = [4, 4, 4, 1]  # the fixed id alone in the last shard
+    for epoch in range(3):
+        order = EpochOrder(13, config, epoch=epoch, shard_sizes=sizes, last_fixed=1)
+        ids = order.ids().tolist()
+        assert sorted(ids) == list(range(13))
+        assert ids[-1] == 12
+        two = EpochOrder(13, config, epoch=epoch, shard_sizes=[4, 4, 5], last_fixed=2)
+        assert sorted(two.ids().tolist()) == list(range(13))
+        assert two.ids(11).tolist() == [11, 12]
+    plain = EpochOrder(13, config, epoch=0, shard_sizes=sizes)
+    assert plain.digest != EpochOrder(13, config, epoch=0, shard_sizes=sizes, last_fixed=1).digest
+    with pytest.raises(ConfigError, match="last_fixed"):
+        EpochOrder(13, config, epoch=0, last_fixed=14)
+
+
 # -- item 11: an end-of-text token between documents -----------------------------------
 
 EOS = 50256

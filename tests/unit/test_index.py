@@ -142,8 +142,8 @@ def test_keys_are_the_namespace_then_a_digest_of_the_sample_bytes(
 ) -> None:
     index = open_index(str(image_folder), cache_dir=cache(tmp_path))
     keys = index.keys(np.array([0, 7], dtype=np.uint16))
-    assert len(index.dataset_id) == 8
-    assert all(len(k) == 16 and k[:8] == index.dataset_id for k in keys)
+    assert len(index.namespace) == 8
+    assert all(len(k) == 16 and k[:8] == index.namespace for k in keys)
     assert keys[0] != keys[1]
     assert index.keys([7, 0]) == keys[::-1]
     assert len(set(index.keys(np.arange(len(index))))) == len(index)
@@ -308,7 +308,7 @@ def test_index_and_source_pickle_as_configuration(tar_shards: Path, tmp_path: Pa
     assert copy.url == source.url == index.url
 
 
-def test_reading_through_the_cache_registers_the_dataset_under_its_url(
+def test_reading_through_the_cache_registers_the_store_namespace(
     tar_shards: Path, tmp_path: Path
 ) -> None:
     from fastdata.cache import LmdbTier, ReadThroughCache, SampleSource
@@ -322,9 +322,9 @@ def test_reading_through_the_cache_registers_the_dataset_under_its_url(
     with ReadThroughCache([tier], source, config=config) as chain:
         chain.get_many([0, 1]).close()
         (info,) = tier.datasets()
-    assert (info.dataset_id, info.num_samples) == (index.dataset_id, 15)
-    # The name says which server too (NOTE[cache-keys]): "<url> @ <store identity>".
-    assert info.name == f"{index.url} @ {index.store_identity}"
+    assert (info.dataset_id, info.num_samples) == (index.namespace, 15)
+    # Records are the store's (NOTE[cache-keys]): registered under its identity.
+    assert info.name == index.store_identity
 
 
 def _open_in_child(url: str, cache_dir: str, queue: Any) -> None:

@@ -41,10 +41,10 @@ def test_both_sources_name_their_namespace_alike(tmp_path: Path) -> None:
         assert [type(s) for s in sources] == [IndexSource, BlockSource]
         for source in sources:
             assert isinstance(source, BoundSource)
-            assert source.dataset_id == source.index.dataset_id
+            assert source.dataset_id == source.index.namespace
             assert source.url == source.index.url
-            assert source.name == namespace_name(source.url, source.index.store_identity)
-            assert source.name == f"{source.url} @ {source.index.store_identity}"
+            assert source.name == namespace_name(source.index.store_identity)
+            assert source.name == source.index.store_identity
         assert len(sources[0]) == 3
         assert len(sources[1]) == ds.blocks.num_chunks
     finally:

@@ -508,7 +508,7 @@ def test_chunk_keys_follow_the_objects_they_cover(tmp_path: Path) -> None:
     before = fastdata.TokenDataset(root, **kwargs).blocks
     keys = before.chunk_keys(np.arange(before.num_chunks))
     assert len(set(keys)) == len(keys)
-    assert all(k[:8] == before.dataset_id for k in keys)
+    assert all(k[:8] == before.namespace for k in keys)
     (np.arange(1500) % 7).astype("uint16").tofile(root / "part-1.bin")  # rewrite the 2nd
     with pytest.warns(DatasetChangedWarning):
         after = fastdata.TokenDataset(root, **kwargs).blocks
