@@ -76,7 +76,7 @@ _VERSION_RE = re.compile(r"[0-9a-f]{32}")
 def object_name(url: str, path: str) -> str:
     """The full name of the object ``path`` of the dataset root ``url`` on its store:
     the same for every root above it (``s3://b`` + ``train/x`` = ``s3://b/train`` + ``x``;
-    NOTE[cache-keys] in ``fastdata/_index_keys.py``)."""
+    NOTE[cache-keys] in ``fastdata/index/_keys.py``)."""
     return f"{url.rstrip('/')}/{path}"
 
 

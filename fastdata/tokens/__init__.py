@@ -42,7 +42,7 @@ per-process LRU). Chunk ``c`` holds blocks ``[c*C, (c+1)*C)``, so every block li
 exactly one chunk (with ``targets=True`` a chunk carries the one extra token its last
 block needs). Its cache key is the namespace and 8 bytes folded from the version (path,
 size, ETag digest) and token range of every object part it covers, and the token type
-(NOTE[cache-keys] in ``fastdata/index.py``): a changed or added object changes the keys
+(NOTE[cache-keys] in ``fastdata/index/_keys.py``): a changed or added object changes the keys
 of the chunks it touches only. A :class:`ChunkReader` per process keeps the chunks in
 use (an LRU of a few windows), reads the ones the prefetcher's hint announces ahead of
 the batches (a few threads), and a batch is one gather of its blocks out of those

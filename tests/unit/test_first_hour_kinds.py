@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
-from fastdata.batch import VarTensor
 
 import fastdata
+from fastdata.dataset import VarTensor
 
 datasets = pytest.importorskip("datasets")
 

@@ -214,7 +214,7 @@ def test_the_guard_check_finds_the_line_that_starts_the_workers(
 ) -> None:
     script = tmp_path / "train.py"
     script.write_text(
-        "import sys\nfrom fastdata._workers import _unguarded_main_line\n"
+        "import sys\nfrom fastdata.loader._worker_proc import _unguarded_main_line\n"
         "DEBUG = True\n"
         "def start():\n    print(_unguarded_main_line())\n" + source
     )
