@@ -15,8 +15,8 @@ own object. Only the tasks already in flight at that moment (at most ``concurren
 objects) can still be read twice.
 
 NOTE[warm-commit]: what a task fetched is committed on its own, once the oldest
-uncommitted result is ``_WRITE_AGE_S`` old or ``_FLUSH_BYTES`` gathered (at once when
-the loop has nothing else to do), not when its whole unit is done; the unit's claim is
+uncommitted result is ``_WRITE_AGE_S`` old or ``_FLUSH_BYTES`` gathered (``_commit.py``;
+at once when the loop has nothing else to do), not when its whole unit is done; the unit's claim is
 kept until its last task is committed. A reader on the node (a DataLoader epoch running
 alongside) that misses an object the warm fetched a moment ago then finds it in the
 cache instead of fetching it again. And right before a task is dispatched its samples
@@ -48,8 +48,8 @@ from fastdata.errors import CacheError
 from fastdata.index import SampleIndex
 from fastdata.store import Store
 from fastdata.warm._claims import ClaimFile
+from fastdata.warm._commit import WriteQueue, warn_full
 from fastdata.warm._fetch import Failure, Fetched, fetch_samples
-from fastdata.warm._space import full_cause
 from fastdata.warm._stop import WarmStop
 from fastdata.warm._throttle import Throttle
 from fastdata.warm._types import WarmConfig, WarmProgress, WarmStatus
@@ -60,8 +60,6 @@ __all__ = ["FetchLoop"]
 logger = logging.getLogger(__name__)
 
 _MAX_TASK_OBJECTS = 16
-_WRITE_AGE_S = 0.25
-_FLUSH_BYTES = 32 * 1024**2  # plus the unit that crosses it: lmdb_budget.WRITE_BATCH_BYTES
 _IDLE_POLL_S = 0.05
 _WAIT_S = 0.1
 _STOP_GRACE_S = 3.0
@@ -100,10 +98,7 @@ class FetchLoop:
         self._futures: dict[Future[Fetched], Task] = {}
         self._tokens = 0
         self._inflight_bytes = 0
-        self._to_write: list[Write] = []
-        self._to_write_bytes = 0
-        self._oldest_write = 0.0
-        self._writing: tuple[Future[int], list[Write], list[CacheItem], int] | None = None
+        self._writes = WriteQueue(index, tier, claims)  # NOTE[warm-commit]
         self._last_report = 0.0
         self._started = time.monotonic()
         self._active: dict[int, Unit] = {}  # claimed, its final write not yet queued
@@ -154,8 +149,7 @@ class FetchLoop:
                     stop._fetching = False
                 for future in self._futures:
                     future.cancel()
-                if self._writing is not None:
-                    wait([self._writing[0]])
+                self._writes.wait()
                 # After a stop the tasks still running are abandoned, not waited for.
                 pool.shutdown(wait=not self.stopped, cancel_futures=True)
         self._report(None if self.stopped else progress, final=True)
@@ -180,7 +174,7 @@ class FetchLoop:
             # Its fetched part is queued already (NOTE[warm-commit]); the claim goes
             # once that is committed.
             self._queue_write(Write(unit, final=True))
-        while self._to_write or self._writing is not None:
+        while self._writes.busy:
             self._flush(writer, force=True)
 
     def _drop_task(self, future: Future[Fetched], task: Task) -> None:
@@ -190,12 +184,7 @@ class FetchLoop:
 
     def _busy(self) -> bool:
         return bool(
-            self._pending
-            or self._deferred
-            or self._ready
-            or self._futures
-            or self._to_write
-            or self._writing
+            self._pending or self._deferred or self._ready or self._futures or self._writes.busy
         )
 
     def _idle(self) -> bool:
@@ -212,8 +201,7 @@ class FetchLoop:
 
     def _held_bytes(self) -> int:
         """Bytes fetched or being fetched and not yet written (the memory bound)."""
-        writing = self._writing[3] if self._writing is not None else 0
-        return self._inflight_bytes + self._to_write_bytes + writing
+        return self._inflight_bytes + self._writes.held_bytes
 
     def _fill(self, pool: ThreadPoolExecutor) -> None:
         if self._faulted.is_set():
@@ -332,8 +320,8 @@ class FetchLoop:
 
     def _collect(self) -> None:
         waiting: list[Future[Any]] = list(self._futures)
-        if self._writing is not None:
-            waiting.append(self._writing[0])
+        if self._writes.writing is not None:
+            waiting.append(self._writes.writing)
         if not waiting:
             if self._deferred:
                 time.sleep(_IDLE_POLL_S)  # other processes hold the rest: poll their claims
@@ -389,49 +377,17 @@ class FetchLoop:
             self._settle(0, share, cached=False, count=settled)
         if entry.final:
             self._active.pop(unit.unit, None)
-        if not self._to_write:
-            self._oldest_write = time.monotonic()
-        self._to_write.append(entry)
-        self._to_write_bytes += sum(f.record_bytes for f in entry.fetched)
+        self._writes.add(entry)
 
     def _flush(self, writer: ThreadPoolExecutor, *, force: bool) -> None:
-        """Hand finished tasks to the writer thread in batches; settle the last write.
-
-        One write at a time: while it runs, fetching goes on and finished tasks gather
-        for the next one. A unit's claim is released by the writer after the commit of
-        its final entry (NOTE[warm-claims], NOTE[warm-commit]).
-        """
-        if self._writing is not None:
-            if not (self._writing[0].done() or (force and not self._futures)):
-                return
-            written, self._writing = self._writing, None
-            self._after_write(written[1], written[2], written[0].result())
-        if not self._to_write:
-            return
-        aged = time.monotonic() - self._oldest_write >= _WRITE_AGE_S
-        batch_bytes = min(self.tier.config.write_txn_bytes, _FLUSH_BYTES)
-        if not (force or aged or self._to_write_bytes >= batch_bytes):
-            return
-        entries, nbytes = self._to_write, self._to_write_bytes
-        self._to_write, self._to_write_bytes = [], 0
-        items: list[CacheItem] = []
-        for entry in entries:
-            for fetched in entry.fetched:
-                keys = self.index.keys(fetched.ids)
-                fps = self.index.fingerprints(fetched.ids)
-                items.extend(map(CacheItem, keys, fps, fetched.records))
-                fetched.records = []  # the items hold them now
-        future = writer.submit(self._write, entries, items)
-        self._writing = (future, entries, items, nbytes)
-
-    def _write(self, entries: list[Write], items: list[CacheItem]) -> int:
-        """On the writer thread: commit, then release the claims of finished units."""
-        try:
-            return self.tier.put_many(items) if items else 0
-        finally:
-            for entry in entries:
-                if entry.final:
-                    self.claims.release(entry.unit.unit)
+        """Settle the last write once it is done, then hand the next batch to the writer
+        (``WriteQueue``, NOTE[warm-commit])."""
+        done = self._writes.finished(force=force and not self._futures)
+        if self._writes.writing is not None:
+            return  # still running: finished tasks gather for the next write
+        if done is not None:
+            self._after_write(*done)
+        self._writes.start(writer, force=force)
 
     def _after_write(self, entries: list[Write], items: list[CacheItem], admitted: int) -> None:
         refused = len(items) - admitted
@@ -456,28 +412,7 @@ class FetchLoop:
         left = sum(len(ids) for _, ids, _ in (*self._pending, *self._deferred))
         left += sum(len(t.ids) for t in self._ready)
         self.not_admitted += refused + left
-        cause, free = full_cause(self.tier)
-        self.full_cause = cause
-        if cause == "filesystem":
-            logger.warning(
-                "the filesystem of the cache at %s is full (%d bytes free, %d kept free by "
-                "min_free_bytes): %d fetched samples were not admitted and %d more are not "
-                "fetched; free space on it or use another --cache-dir",
-                self.tier.root,
-                free,
-                self.tier.config.min_free_bytes,
-                refused,
-                left,
-            )
-        else:
-            logger.warning(
-                "the cache at %s is full: %d fetched samples were not admitted and %d more "
-                "are not fetched; raise --max-bytes (the budget is %d bytes)",
-                self.tier.root,
-                refused,
-                left,
-                self.tier.config.max_bytes,
-            )
+        self.full_cause = warn_full(self.tier, refused, left)
         self._pending.clear()
         self._deferred.clear()
         self._ready.clear()
