@@ -16,17 +16,18 @@ objects) can still be read twice.
 
 NOTE[warm-commit]: what a task fetched is committed on its own, once the oldest
 uncommitted result is ``_WRITE_AGE_S`` old or ``_FLUSH_BYTES`` gathered (``_commit.py``;
-at once when the loop has nothing else to do), not when its whole unit is done; the unit's claim is
-kept until its last task is committed. A reader on the node (a DataLoader epoch running
-alongside) that misses an object the warm fetched a moment ago then finds it in the
-cache instead of fetching it again. And right before a task is dispatched its samples
-are looked up in the cache once more (one ``contains_many`` of at most
-``_MAX_TASK_OBJECTS`` objects' keys), so what such a reader cached since the claim is
-not fetched a second time.
+at once when the loop has nothing else to do), not when its whole unit is done; the
+unit's claim is kept until its last task is committed. A reader on the node (a
+DataLoader epoch running alongside) that misses an object the warm fetched a moment ago
+then finds it in the cache instead of fetching it again. And right before a task is
+dispatched its samples are looked up in the cache once more (one ``contains_many`` of at
+most ``_MAX_TASK_OBJECTS`` objects' keys), so what such a reader cached since the claim
+is not fetched a second time.
 
 The loop's parts: ``_stop.py`` (``WarmStop``, NOTE[warm-stop]), ``_throttle.py`` (the
-concurrency limit, NOTE[warm-throttle]), ``_units.py`` (claimed units, tasks, writes and
-``present_mask``); the fetch itself is ``_fetch.py``'s, claims ``_claims.py``'s and the
+concurrency limit, NOTE[warm-throttle]), ``_commit.py`` (the write queue and the writer
+thread's batches), ``_units.py`` (claimed units, tasks, writes and ``present_mask``); the
+fetch itself is ``_fetch.py``'s, claims ``_claims.py``'s and the
 disk-full cause ``_space.py``'s. What stays here is one thread's decisions over one
 shared state (claims, tasks in flight, held bytes, the write queue): isolation changes
 what the next dispatch may be, commits and the stop decide when claims are released.
