@@ -15,7 +15,6 @@ ignores outside them (docs/architecture.md, "torch outside the three packages").
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,6 +23,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 
 from fastdata import record
+from fastdata._fork import current_pid, this_process
 from fastdata.benchmark._measure import PassResult, combine, run_pass
 from fastdata.store import ByteRange
 
@@ -69,13 +69,13 @@ class S3SampleDataset(TorchDataset[torch.Tensor]):
         return len(self.spans)
 
     def _client(self) -> Any:
-        if self._fs is None or self._pid != os.getpid():
+        if self._fs is None or not this_process(self._pid):
             import s3fs
 
             if self._fs is not None:
                 _INHERITED.append(self._fs)
             self._fs = s3fs.S3FileSystem(skip_instance_cache=True, **self.storage_options)
-            self._pid = os.getpid()
+            self._pid = current_pid()
         return self._fs
 
     def __getitem__(self, i: int) -> torch.Tensor:

@@ -70,6 +70,7 @@ class BenchData:
 def unique_prefix() -> str:
     """A prefix no other run uses: ``fastdata-bench/<time>-<pid>-<random>``."""
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    # The PID names the prefix, so concurrent benchmarks never share (or delete) one.
     return f"fastdata-bench/{stamp}-{os.getpid()}-{secrets.token_hex(3)}"
 
 

@@ -24,14 +24,13 @@ done by one background thread, so delivery never waits for it. The protocol:
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from fastdata._fork import this_process
+from fastdata._fork import current_pid, this_process
 from fastdata.cache.tier import CacheItem, StatsRecorder, Tier
 
 __all__ = ["WriteBehind"]
@@ -132,7 +131,7 @@ class WriteBehind:
                     daemon=True,
                 )
                 self._thread.start()
-                self._pid = os.getpid()
+                self._pid = current_pid()
             queue.items.append(items)
             queue.queued_bytes += size
             for item in items:

@@ -34,14 +34,13 @@ write-behind thread.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fastdata import record
 from fastdata._fork import reset_in_forked_child
 from fastdata.cache._flight import SingleFlight
-from fastdata.cache._source import SampleSource, read_records
+from fastdata.cache._source import SampleSource
 from fastdata.cache._stats import CACHE_COUNTERS, CacheStats
 from fastdata.cache._writeback import WriteBehind
 from fastdata.cache.tier import (
@@ -58,7 +57,6 @@ from fastdata.errors import ConfigError, CorruptRecordError
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
-    from typing_extensions import Buffer
 
     #: Sample ids as the public calls take them: any int sequence or a numpy integer array.
     SampleIds = Sequence[int] | npt.NDArray[np.integer[Any]]
@@ -123,8 +121,8 @@ class ReadThroughCache:
         reset_in_forked_child(self)
 
     def _reset(self) -> None:
-        self._flights = SingleFlight()  # NOTE[singleflight]
         self._stats = StatsRecorder(CACHE_COUNTERS, calls=("source",))
+        self._flights = SingleFlight(self.source, self._stats)  # NOTE[singleflight]
         # Tiers that have not recorded the dataset yet; a forked child registers again.
         self._unregistered = list(self.tiers)
         # NOTE[write-behind]: a forked child gets an empty queue and no thread.
@@ -383,57 +381,9 @@ class ReadThroughCache:
         wanted: dict[bytes, int] = {}
         for i in pending:
             wanted.setdefault(keys[i], i)
-        records = self._singleflight(ids, fingerprints, wanted, writes)
+        records = self._flights.fetch(ids, fingerprints, wanted, writes)  # NOTE[singleflight]
         for i in pending:
             buffers[i] = records[keys[i]]
-
-    def _singleflight(
-        self,
-        ids: list[int],
-        fingerprints: list[bytes],
-        wanted: dict[bytes, int],
-        writes: list[CacheItem],
-    ) -> dict[bytes, Buffer]:
-        # NOTE[singleflight]
-        owned, waiting = self._flights.claim(wanted)
-        records: dict[bytes, Buffer] = {}
-        if owned:
-            records.update(self._fetch_owned(ids, fingerprints, wanted, owned, writes))
-        landed, retry = self._flights.wait(waiting)
-        records.update(landed)
-        self._stats.add(singleflight_waits=len(waiting))
-        if retry:
-            retried = {k: wanted[k] for k in retry}
-            records.update(self._singleflight(ids, fingerprints, retried, writes))
-        return records
-
-    def _fetch_owned(
-        self,
-        ids: list[int],
-        fingerprints: list[bytes],
-        wanted: dict[bytes, int],
-        owned: list[bytes],
-        writes: list[CacheItem],
-    ) -> dict[bytes, Buffer]:
-        """Read owned keys from the source; their write-back is queued on ``writes``."""
-        started = time.perf_counter()
-        try:
-            records = read_records(self.source, [ids[wanted[k]] for k in owned], self._stats)
-        except BaseException:
-            self._flights.land(owned, None)
-            raise
-        self._flights.land(owned, records)
-        self._stats.record_call(
-            "source",
-            started,
-            source_reads=1,
-            source_samples=len(owned),
-            source_bytes=sum(memoryview(r).nbytes for r in records),
-        )
-        writes.extend(
-            CacheItem(k, fingerprints[wanted[k]], r) for k, r in zip(owned, records, strict=True)
-        )
-        return dict(zip(owned, records, strict=True))
 
     def in_memory(self, sample_ids: SampleIds) -> bool:
         """Whether every sample is in the first tier, when it is in process (the RAM tier): its

@@ -10,9 +10,9 @@ read, without opening anything).
 
 from __future__ import annotations
 
-import os
 from typing import Protocol
 
+from fastdata._fork import current_pid
 from fastdata.cache import ReadThroughCache, SampleSource, default_tiers
 from fastdata.config import FastdataConfig
 from fastdata.prefetch import BufferPool
@@ -66,7 +66,7 @@ class DatasetRuntime:
         *,
         in_worker: bool,
     ) -> None:
-        self.pid = os.getpid()
+        self.pid = current_pid()
         self.store = spec.store(config.store)
         self.cache = ReadThroughCache(
             default_tiers(config.cache), index.source(self.store), config=config.cache

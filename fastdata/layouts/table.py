@@ -305,6 +305,7 @@ class TableVersions:
                 shutil.rmtree(entry, onerror=_log_rmtree_error)
             elif entry.name.startswith(".CURRENT."):
                 entry.unlink(missing_ok=True)
+        # The PID names the temporary folder, so an operator can tell whose it is.
         return self.root / f".tmp-{os.getpid()}-{uuid.uuid4().hex}"
 
     def discard(self, built: Path) -> None:

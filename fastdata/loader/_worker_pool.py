@@ -15,7 +15,6 @@ import logging
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.util
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from fastdata._fork import current_pid
 from fastdata.dataset import BaseDataset, OnError, close_open_datasets
 from fastdata.loader import _worker_proc as _workers
 from fastdata.plan import PlanConfig
@@ -152,7 +152,7 @@ class WorkerProcesses:
         self.slots = _workers.StatsSlots(context, num_workers)
         kwargs["multiprocessing_context"] = context
         kwargs["persistent_workers"] = persistent
-        kwargs["worker_init_fn"] = WorkerInit(os.getpid(), kwargs.get("worker_init_fn"))
+        kwargs["worker_init_fn"] = WorkerInit(current_pid(), kwargs.get("worker_init_fn"))
         # NOTE[loader-rng]: torch's draw of the workers' base seed comes from here, not
         # from the caller's generator (the loader draws from that itself).
         self.generator = torch.Generator()

@@ -59,6 +59,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from fastdata._fork import current_pid
 from fastdata.cache.lmdb import handles_open
 from fastdata.errors import ConfigError
 from fastdata.store import obstore_runtime_started
@@ -287,7 +288,7 @@ def _quietly(release: Callable[[], None]) -> None:
     try:
         release()
     except Exception as exc:  # the process is leaving: say so, do not raise into nothing
-        _log.warning("worker %d: releasing its handles failed: %s", os.getpid(), exc)
+        _log.warning("worker %d: releasing its handles failed: %s", current_pid(), exc)
 
 
 # -- stats (NOTE[worker-stats]) ------------------------------------------------------------

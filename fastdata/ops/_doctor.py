@@ -220,6 +220,7 @@ def _measure_store(index: SampleIndex, store: Store, options: DoctorConfig) -> _
 def _measure_disk(directory: Path, nbytes: int) -> tuple[float, float]:
     """Write ``nbytes`` (fsynced) to a temporary file and read them back uncached."""
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # The PID names the probe file, so two doctors on one directory never share one.
     path = directory / f".doctor-{os.getpid()}.tmp"
     chunk = np.random.default_rng(0).integers(0, 256, 4 * 1024**2, dtype=np.uint8).tobytes()
     try:

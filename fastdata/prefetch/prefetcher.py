@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import queue
 import threading
 import time
@@ -63,7 +62,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from fastdata._fork import this_process
+from fastdata._fork import current_pid, this_process
 from fastdata.config import PrefetchConfig
 from fastdata.errors import ConfigError, FastdataError
 from fastdata.prefetch.meter import WaitMeter
@@ -269,7 +268,7 @@ class Prefetcher(Generic[B, T]):
         self._ramp = ramp
         self._total: int | None = None
         self._closed = False
-        self._pid = os.getpid()
+        self._pid = current_pid()
         self._shared = _Shared(fetch, discard)
         name = f"fastdata-prefetch-{next(_names)}"
         self._threads = [

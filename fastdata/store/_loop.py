@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import os
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from fastdata._fork import PerProcess
+from fastdata._fork import PerProcess, current_pid
 
 __all__ = ["LoopThread", "process_loop"]
 
@@ -30,7 +29,7 @@ class LoopThread:
     """An event loop running forever in a daemon thread of this process."""
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
+        self.pid = current_pid()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._run, name=f"fastdata-store-loop-{self.pid}", daemon=True

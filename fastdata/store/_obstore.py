@@ -16,7 +16,6 @@ before the parent's first obstore call, uses obstore.
 
 from __future__ import annotations
 
-import os
 import re
 import urllib.parse
 from typing import TYPE_CHECKING, Any
@@ -31,6 +30,7 @@ from obstore.exceptions import (
 )
 from obstore.store import S3Store
 
+from fastdata._fork import current_pid, this_process
 from fastdata.config import StoreConfig
 from fastdata.store._backend import STREAM_CHUNK_BYTES, Backend
 from fastdata.store._faults import (
@@ -74,7 +74,7 @@ _LIST_PAGE = 1000
 
 def runtime_usable() -> bool:
     """Whether obstore can run in this process (NOTE[obstore-fork])."""
-    return _runtime_pid is None or _runtime_pid == os.getpid()
+    return _runtime_pid is None or this_process(_runtime_pid)
 
 
 def runtime_started() -> bool:
@@ -112,7 +112,7 @@ class ObstoreBackend(Backend):
         # obstore's client `timeout` covers a whole request, connecting included.
         self.attempt_timeout_s = config.request_timeout_s
         if _runtime_pid is None:
-            _runtime_pid = os.getpid()  # NOTE[obstore-fork]: from here on, no forking
+            _runtime_pid = current_pid()  # NOTE[obstore-fork]: from here on, no forking
         self._store = S3Store(**settings.kwargs)
 
     async def read_attempt(self, job: ReadJob) -> Buffer:

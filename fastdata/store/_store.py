@@ -13,7 +13,6 @@ import asyncio
 import builtins
 import functools
 import logging
-import os
 import random
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 
-from fastdata._fork import PerProcess, this_process
+from fastdata._fork import PerProcess, current_pid, this_process
 from fastdata.config import StoreConfig
 from fastdata.errors import ConfigError
 from fastdata.store import _obstore
@@ -166,7 +165,7 @@ class Store:
         return self._proc.get(self._build)
 
     def _build(self) -> _Process:
-        pid = os.getpid()
+        pid = current_pid()
         counters = Counters()
         loop = process_loop()
         backend: Backend
@@ -206,18 +205,18 @@ class Store:
             return self._preferred
         if self.config.backend == "obstore":
             raise ConfigError(
-                f"backend='obstore' cannot run in this process (PID {os.getpid()}): it was "
+                f"backend='obstore' cannot run in this process (PID {current_pid()}): it was "
                 "forked after obstore ran in its parent, and obstore's runtime does not "
                 "survive fork. Start workers with 'spawn' or 'forkserver', or use "
                 "backend='auto'"
             )
-        if _warned_fork_pid != os.getpid():
-            _warned_fork_pid = os.getpid()
+        if not this_process(_warned_fork_pid):
+            _warned_fork_pid = current_pid()
             log.warning(
                 "process %d was forked after obstore ran in its parent; its S3 reads use "
                 "s3fs, which costs several times more CPU per request. Start DataLoader "
                 "workers with multiprocessing_context='forkserver' or 'spawn' to keep obstore",
-                os.getpid(),
+                current_pid(),
             )
         return "fsspec"
 

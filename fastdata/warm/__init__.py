@@ -6,15 +6,16 @@ only what the cache lacks, in parallel with bounded memory, shares the work with
 ``warm`` processes on the node, slows down while the store throttles, and reports every
 object it could not read. docs/cli.md describes the command and these notes:
 NOTE[warm-budget] (``_select.py``), NOTE[warm-claims] (``_claims.py``),
-NOTE[warm-throttle] and NOTE[warm-stop] (``_run.py``).
+NOTE[warm-throttle] (``_throttle.py``), NOTE[warm-stop] (``_stop.py``), NOTE[warm-isolate] and
+NOTE[warm-commit] (``_run.py``).
 
 This package imports no torch: ``fastdata warm`` starts without it.
 """
 
 from __future__ import annotations
 
-from fastdata.warm._run import WarmStop, cached_samples
 from fastdata.warm._select import access_order, node_order, source_bytes
+from fastdata.warm._stop import WarmStop
 from fastdata.warm._types import (
     DatasetSpec,
     FailedObject,
@@ -24,6 +25,7 @@ from fastdata.warm._types import (
     WarmResult,
     WarmStatus,
 )
+from fastdata.warm._units import cached_samples
 from fastdata.warm._warm import Selection, select, warm
 
 __all__ = [

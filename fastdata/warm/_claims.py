@@ -28,7 +28,7 @@ import os
 import threading
 from pathlib import Path
 
-from fastdata._fork import at_fork, this_process
+from fastdata._fork import at_fork, current_pid, this_process
 from fastdata.errors import CacheError
 
 __all__ = ["ClaimFile"]
@@ -43,7 +43,7 @@ class ClaimFile:
     def __init__(self, path: Path, fd: int) -> None:
         self.path = path
         self._fd = fd
-        self._pid = os.getpid()
+        self._pid = current_pid()
         self._held: set[int] = set()
         self._lock = threading.Lock()
         self._refs = 0
@@ -57,7 +57,7 @@ class ClaimFile:
         """
         directory = Path(cache_dir) / "warm"
         path = directory / f"{dataset_id.hex()}.claims"
-        key = (os.getpid(), path)
+        key = (current_pid(), path)
         with _OPEN_LOCK:
             claims = _OPEN.get(key)
             if claims is None:

@@ -5,14 +5,6 @@ how many requests may be in flight, when to write. Worker threads only fetch and
 (``_fetch.fetch_samples``). Memory stays bounded: tasks are dispatched only while the
 bytes fetched and not yet written stay under ``WarmConfig.max_inflight_bytes``.
 
-NOTE[warm-throttle]: the store already retries each request that the server throttles
-(503 SlowDown, 429) with backoff. ``warm`` also lowers its own request rate while that
-happens, by additive increase, multiplicative decrease on the store's ``throttled``
-counter: when a finished task shows new throttled answers, the allowed concurrency is
-halved (at most once per ``_DECREASE_HOLD_S``, so that one burst halves it once);
-every ``limit`` tasks that finish without new throttling raise it by one, up to
-``WarmConfig.concurrency``. The lowest value and the number of halvings are reported.
-
 NOTE[warm-isolate]: a task reads its objects (up to ``_MAX_TASK_OBJECTS``) in one
 ``Store.get_many`` call, and a call that fails drops every body it had received; the
 task is then read again object by object to find the culprit, so the others are
@@ -23,29 +15,22 @@ own object. Only the tasks already in flight at that moment (at most ``concurren
 objects) can still be read twice.
 
 NOTE[warm-commit]: what a task fetched is committed on its own, once the oldest
-uncommitted result is ``_WRITE_AGE_S`` old or ``_FLUSH_BYTES`` gathered (at once when
-the loop has nothing else to do), not when its whole unit is done; the unit's claim is
-kept until its last task is committed. A reader on the node (a DataLoader epoch running
-alongside) that misses an object the warm fetched a moment ago then finds it in the
-cache instead of fetching it again. And right before a task is dispatched its samples
-are looked up in the cache once more (one ``contains_many`` of at most
-``_MAX_TASK_OBJECTS`` objects' keys), so what such a reader cached since the claim is
-not fetched a second time.
+uncommitted result is ``_WRITE_AGE_S`` old or ``_FLUSH_BYTES`` gathered (``_commit.py``;
+at once when the loop has nothing else to do), not when its whole unit is done; the
+unit's claim is kept until its last task is committed. A reader on the node (a
+DataLoader epoch running alongside) that misses an object the warm fetched a moment ago
+then finds it in the cache instead of fetching it again. And right before a task is
+dispatched its samples are looked up in the cache once more (one ``contains_many`` of at
+most ``_MAX_TASK_OBJECTS`` objects' keys), so what such a reader cached since the claim
+is not fetched a second time.
 
-NOTE[warm-stop]: a :class:`WarmStop` (``fastdata warm`` requests it on SIGINT and
-SIGTERM) makes the loop stop claiming and dispatching, cancel the tasks not started,
-wait up to ``_STOP_GRACE_S`` for the requests in flight, then commit every record it
-holds (whole units and the fetched part of unfinished ones) and release its claims:
-nothing fetched is lost, so a rerun fetches none of it again. Tasks still running
-after the grace are abandoned (their results are dropped; their objects are fetched by
-the next run). The request only sets flags, so a signal handler may call it.
-
-Why one module of this size: its one job is the loop's decisions, and they are made by
-one thread over one shared state (claims, tasks in flight, held bytes, the concurrency
-limit, the write queue), so the notes above hold only together: throttling and isolation
-change what the next dispatch may be, commits and the stop decide when claims are
-released. The fetch itself (``_fetch.py``), claims (``_claims.py``) and the disk-full
-cause (``_space.py``) are already parts of their own.
+The loop's parts: ``_stop.py`` (``WarmStop``, NOTE[warm-stop]), ``_throttle.py`` (the
+concurrency limit, NOTE[warm-throttle]), ``_commit.py`` (the write queue and the writer
+thread's batches), ``_units.py`` (claimed units, tasks, writes and ``present_mask``); the
+fetch itself is ``_fetch.py``'s, claims ``_claims.py``'s and the
+disk-full cause ``_space.py``'s. What stays here is one thread's decisions over one
+shared state (claims, tasks in flight, held bytes, the write queue): isolation changes
+what the next dispatch may be, commits and the stop decide when claims are released.
 """
 
 from __future__ import annotations
@@ -55,7 +40,6 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -65,106 +49,21 @@ from fastdata.errors import CacheError
 from fastdata.index import SampleIndex
 from fastdata.store import Store
 from fastdata.warm._claims import ClaimFile
+from fastdata.warm._commit import WriteQueue, warn_full
 from fastdata.warm._fetch import Failure, Fetched, fetch_samples
-from fastdata.warm._space import full_cause
+from fastdata.warm._stop import WarmStop
+from fastdata.warm._throttle import Throttle
 from fastdata.warm._types import WarmConfig, WarmProgress, WarmStatus
+from fastdata.warm._units import Task, Unit, Write, present_mask
 
-__all__ = ["FetchLoop", "WarmStop", "present_mask"]
+__all__ = ["FetchLoop"]
 
 logger = logging.getLogger(__name__)
 
-_CHECK_BLOCK = 1 << 14
 _MAX_TASK_OBJECTS = 16
-_DECREASE_HOLD_S = 0.5
-_WRITE_AGE_S = 0.25
-_FLUSH_BYTES = 32 * 1024**2  # plus the unit that crosses it: lmdb_budget.WRITE_BATCH_BYTES
 _IDLE_POLL_S = 0.05
 _WAIT_S = 0.1
 _STOP_GRACE_S = 3.0
-
-
-class WarmStop:
-    """Asks a running ``warm`` to stop cleanly (NOTE[warm-stop]); safe in a signal handler.
-
-    Pass one to :func:`fastdata.warm.warm` as ``stop`` and call :meth:`request` from
-    another thread or a signal handler: the run commits what it fetched and returns a
-    result with ``stopped`` set.
-    """
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-        self._reason = ""
-        self._fetching = False
-
-    def request(self, reason: str = "request") -> bool:
-        """Ask the run to stop; ``reason`` (e.g. ``SIGTERM``) ends up in the result.
-
-        Returns:
-            Whether a fetch loop is running now and will commit and return. ``False``
-            before fetching started or after it ended: the caller stops its own way
-            (nothing fetched is held then).
-        """
-        if not self._event.is_set():
-            self._reason = reason
-            self._event.set()
-        return self._fetching
-
-    @property
-    def requested(self) -> bool:
-        """Whether :meth:`request` was called."""
-        return self._event.is_set()
-
-    @property
-    def reason(self) -> str:
-        """The reason given to the first :meth:`request` (empty when none)."""
-        return self._reason
-
-
-def present_mask(tier: LmdbTier, index: SampleIndex, ids: np.ndarray) -> np.ndarray:
-    """Which of ``ids`` the LMDB tier holds for their current fingerprint."""
-    out = np.zeros(len(ids), dtype=bool)
-    for start in range(0, len(ids), _CHECK_BLOCK):
-        part = ids[start : start + _CHECK_BLOCK]
-        found = tier.contains_many(index.keys(part), index.fingerprints(part))
-        out[start : start + len(part)] = found
-    return out
-
-
-def cached_samples(tier: LmdbTier, index: SampleIndex) -> int:
-    """How many samples of ``index`` the LMDB tier holds for their current fingerprint,
-    counted key by key: records are the store's and shared between specs over the same
-    objects (NOTE[cache-keys]), so a namespace's entry count is no one spec's."""
-    return int(present_mask(tier, index, np.arange(len(index), dtype=np.int64)).sum())
-
-
-@dataclass
-class _Unit:
-    """A claimed unit: the samples still to fetch and how much of it is settled."""
-
-    unit: int
-    ids: np.ndarray
-    est_bytes: int
-    tasks_left: int = 0
-    settled_bytes: int = 0
-    """Of ``est_bytes``, the part already counted in the progress."""
-
-
-@dataclass
-class _Write:
-    """What one finished task (or the end of a unit) hands to the writer."""
-
-    unit: _Unit
-    fetched: list[Fetched] = field(default_factory=list)
-    final: bool = False
-    """The unit's last entry: its claim is released once this write commits."""
-
-
-@dataclass(frozen=True)
-class _Task:
-    unit: _Unit
-    ids: np.ndarray
-    tokens: int
-    est_bytes: int
 
 
 class FetchLoop:
@@ -188,30 +87,22 @@ class FetchLoop:
     ) -> None:
         self.index, self.store, self.tier, self.claims = index, store, tier, claims
         self.options = options
-        self.limit = options.concurrency
-        self.limit_min = options.concurrency
-        self.decreases = 0
+        self.throttle = Throttle(options.concurrency, store.stats().throttled)
         self.not_admitted = 0
         self.peak_held_bytes = 0
         self.failures: list[Failure] = []
         self.status = WarmStatus(concurrency=self.limit)
-        self._credit = 0.0
-        self._hold_until = 0.0
-        self._seen_throttled = store.stats().throttled
         self._full = False
         self._pending: deque[tuple[int, np.ndarray, int]] = deque()
         self._deferred: deque[tuple[int, np.ndarray, int]] = deque()
-        self._ready: deque[_Task] = deque()
-        self._futures: dict[Future[Fetched], _Task] = {}
+        self._ready: deque[Task] = deque()
+        self._futures: dict[Future[Fetched], Task] = {}
         self._tokens = 0
         self._inflight_bytes = 0
-        self._to_write: list[_Write] = []
-        self._to_write_bytes = 0
-        self._oldest_write = 0.0
-        self._writing: tuple[Future[int], list[_Write], list[CacheItem], int] | None = None
+        self._writes = WriteQueue(index, tier, claims)  # NOTE[warm-commit]
         self._last_report = 0.0
         self._started = time.monotonic()
-        self._active: dict[int, _Unit] = {}  # claimed, its final write not yet queued
+        self._active: dict[int, Unit] = {}  # claimed, its final write not yet queued
         self.stopped = ""
         """Why the loop stopped early (NOTE[warm-stop]); empty when it finished."""
         self.abandoned = 0
@@ -259,8 +150,7 @@ class FetchLoop:
                     stop._fetching = False
                 for future in self._futures:
                     future.cancel()
-                if self._writing is not None:
-                    wait([self._writing[0]])
+                self._writes.wait()
                 # After a stop the tasks still running are abandoned, not waited for.
                 pool.shutdown(wait=not self.stopped, cancel_futures=True)
         self._report(None if self.stopped else progress, final=True)
@@ -284,23 +174,18 @@ class FetchLoop:
         for unit in list(self._active.values()):
             # Its fetched part is queued already (NOTE[warm-commit]); the claim goes
             # once that is committed.
-            self._queue_write(_Write(unit, final=True))
-        while self._to_write or self._writing is not None:
+            self._queue_write(Write(unit, final=True))
+        while self._writes.busy:
             self._flush(writer, force=True)
 
-    def _drop_task(self, future: Future[Fetched], task: _Task) -> None:
+    def _drop_task(self, future: Future[Fetched], task: Task) -> None:
         del self._futures[future]
         self._tokens -= task.tokens
         self._inflight_bytes -= task.est_bytes
 
     def _busy(self) -> bool:
         return bool(
-            self._pending
-            or self._deferred
-            or self._ready
-            or self._futures
-            or self._to_write
-            or self._writing
+            self._pending or self._deferred or self._ready or self._futures or self._writes.busy
         )
 
     def _idle(self) -> bool:
@@ -317,8 +202,7 @@ class FetchLoop:
 
     def _held_bytes(self) -> int:
         """Bytes fetched or being fetched and not yet written (the memory bound)."""
-        writing = self._writing[3] if self._writing is not None else 0
-        return self._inflight_bytes + self._to_write_bytes + writing
+        return self._inflight_bytes + self._writes.held_bytes
 
     def _fill(self, pool: ThreadPoolExecutor) -> None:
         if self._faulted.is_set():
@@ -344,7 +228,7 @@ class FetchLoop:
             self._inflight_bytes += task.est_bytes
             self.peak_held_bytes = max(self.peak_held_bytes, self._held_bytes())
 
-    def _claim_next(self) -> _Task | None:
+    def _claim_next(self) -> Task | None:
         """Claim the next free unit and split it into tasks; ``None`` when none is free."""
         while self._pending:
             entry = self._pending.popleft()
@@ -370,13 +254,13 @@ class FetchLoop:
         if not len(ids):
             self.claims.release(unit_id)
             return False
-        unit = self._active[unit_id] = _Unit(unit_id, ids, est_bytes)
+        unit = self._active[unit_id] = Unit(unit_id, ids, est_bytes)
         tasks = self._split(unit)
         unit.tasks_left = len(tasks)
         self._ready.extend(tasks)
         return True
 
-    def _split(self, unit: _Unit, ids: np.ndarray | None = None) -> list[_Task]:
+    def _split(self, unit: Unit, ids: np.ndarray | None = None) -> list[Task]:
         """Tasks of at most a few objects each, so that several run at once; one object
         each once the store shows faults (NOTE[warm-isolate])."""
         ids = unit.ids if ids is None else ids
@@ -388,7 +272,7 @@ class FetchLoop:
         parts = np.split(ids, bounds)
         runs = np.split(run, bounds)
         return [
-            _Task(
+            Task(
                 unit,
                 part,
                 tokens=int(r[-1] - r[0] + 1),
@@ -397,7 +281,7 @@ class FetchLoop:
             for part, r in zip(parts, runs, strict=True)
         ]
 
-    def _recheck(self, task: _Task) -> _Task | None:
+    def _recheck(self, task: Task) -> Task | None:
         """NOTE[warm-commit]: leave out what another process cached since the claim."""
         present = present_mask(self.tier, self.index, task.ids)
         if not present.any():
@@ -409,12 +293,12 @@ class FetchLoop:
         if n == len(task.ids):
             unit.tasks_left -= 1
             if unit.tasks_left == 0:
-                self._queue_write(_Write(unit, final=True))
+                self._queue_write(Write(unit, final=True))
             return None
         ids = task.ids[~present]
         objects = np.asarray(self.index.locations(ids)["obj"])
         tokens = 1 + int(np.count_nonzero(objects[1:] != objects[:-1]))
-        return _Task(unit, ids, tokens=tokens, est_bytes=task.est_bytes - share)
+        return Task(unit, ids, tokens=tokens, est_bytes=task.est_bytes - share)
 
     def _watch_faults(self, fetched: Fetched) -> None:
         """NOTE[warm-isolate]: one object per task from the first sign of faults on."""
@@ -437,8 +321,8 @@ class FetchLoop:
 
     def _collect(self) -> None:
         waiting: list[Future[Any]] = list(self._futures)
-        if self._writing is not None:
-            waiting.append(self._writing[0])
+        if self._writes.writing is not None:
+            waiting.append(self._writes.writing)
         if not waiting:
             if self._deferred:
                 time.sleep(_IDLE_POLL_S)  # other processes hold the rest: poll their claims
@@ -458,30 +342,30 @@ class FetchLoop:
                 continue
             unit = task.unit
             unit.tasks_left -= 1
-            self._queue_write(_Write(unit, [fetched], final=unit.tasks_left == 0))
+            self._queue_write(Write(unit, [fetched], final=unit.tasks_left == 0))
 
     def _adapt(self) -> None:
-        """NOTE[warm-throttle]."""
-        throttled = self.store.stats().throttled
-        now = time.monotonic()
-        if throttled > self._seen_throttled:
-            self._seen_throttled = throttled
-            if now >= self._hold_until and self.limit > 1:
-                self.limit = max(1, self.limit // 2)
-                self.limit_min = min(self.limit_min, self.limit)
-                self.decreases += 1
-                self._hold_until = now + _DECREASE_HOLD_S
-                logger.info("store throttles: concurrency lowered to %d", self.limit)
-            self._credit = 0.0
-            return
-        self._credit += 1.0 / self.limit
-        if self._credit >= 1.0 and self.limit < self.options.concurrency:
-            self.limit += 1
-            self._credit = 0.0
+        """NOTE[warm-throttle]: after each finished task."""
+        self.throttle.after_task(self.store.stats().throttled)
+
+    @property
+    def limit(self) -> int:
+        """The requests allowed in flight now (NOTE[warm-throttle])."""
+        return self.throttle.limit
+
+    @property
+    def limit_min(self) -> int:
+        """The lowest ``limit`` so far."""
+        return self.throttle.limit_min
+
+    @property
+    def decreases(self) -> int:
+        """How many times the store's throttling halved ``limit``."""
+        return self.throttle.decreases
 
     # -- writes --------------------------------------------------------------------------
 
-    def _queue_write(self, entry: _Write) -> None:
+    def _queue_write(self, entry: Write) -> None:
         """Queue a task's results (or a unit's end) for the writer; they count as settled
         in the progress now, and as fetched once committed."""
         unit = entry.unit
@@ -494,51 +378,19 @@ class FetchLoop:
             self._settle(0, share, cached=False, count=settled)
         if entry.final:
             self._active.pop(unit.unit, None)
-        if not self._to_write:
-            self._oldest_write = time.monotonic()
-        self._to_write.append(entry)
-        self._to_write_bytes += sum(f.record_bytes for f in entry.fetched)
+        self._writes.add(entry)
 
     def _flush(self, writer: ThreadPoolExecutor, *, force: bool) -> None:
-        """Hand finished tasks to the writer thread in batches; settle the last write.
+        """Settle the last write once it is done, then hand the next batch to the writer
+        (``WriteQueue``, NOTE[warm-commit])."""
+        done = self._writes.finished(force=force and not self._futures)
+        if self._writes.writing is not None:
+            return  # still running: finished tasks gather for the next write
+        if done is not None:
+            self._after_write(*done)
+        self._writes.start(writer, force=force)
 
-        One write at a time: while it runs, fetching goes on and finished tasks gather
-        for the next one. A unit's claim is released by the writer after the commit of
-        its final entry (NOTE[warm-claims], NOTE[warm-commit]).
-        """
-        if self._writing is not None:
-            if not (self._writing[0].done() or (force and not self._futures)):
-                return
-            written, self._writing = self._writing, None
-            self._after_write(written[1], written[2], written[0].result())
-        if not self._to_write:
-            return
-        aged = time.monotonic() - self._oldest_write >= _WRITE_AGE_S
-        batch_bytes = min(self.tier.config.write_txn_bytes, _FLUSH_BYTES)
-        if not (force or aged or self._to_write_bytes >= batch_bytes):
-            return
-        entries, nbytes = self._to_write, self._to_write_bytes
-        self._to_write, self._to_write_bytes = [], 0
-        items: list[CacheItem] = []
-        for entry in entries:
-            for fetched in entry.fetched:
-                keys = self.index.keys(fetched.ids)
-                fps = self.index.fingerprints(fetched.ids)
-                items.extend(map(CacheItem, keys, fps, fetched.records))
-                fetched.records = []  # the items hold them now
-        future = writer.submit(self._write, entries, items)
-        self._writing = (future, entries, items, nbytes)
-
-    def _write(self, entries: list[_Write], items: list[CacheItem]) -> int:
-        """On the writer thread: commit, then release the claims of finished units."""
-        try:
-            return self.tier.put_many(items) if items else 0
-        finally:
-            for entry in entries:
-                if entry.final:
-                    self.claims.release(entry.unit.unit)
-
-    def _after_write(self, entries: list[_Write], items: list[CacheItem], admitted: int) -> None:
+    def _after_write(self, entries: list[Write], items: list[CacheItem], admitted: int) -> None:
         refused = len(items) - admitted
         if refused:
             state = self.tier.stats().state
@@ -561,28 +413,7 @@ class FetchLoop:
         left = sum(len(ids) for _, ids, _ in (*self._pending, *self._deferred))
         left += sum(len(t.ids) for t in self._ready)
         self.not_admitted += refused + left
-        cause, free = full_cause(self.tier)
-        self.full_cause = cause
-        if cause == "filesystem":
-            logger.warning(
-                "the filesystem of the cache at %s is full (%d bytes free, %d kept free by "
-                "min_free_bytes): %d fetched samples were not admitted and %d more are not "
-                "fetched; free space on it or use another --cache-dir",
-                self.tier.root,
-                free,
-                self.tier.config.min_free_bytes,
-                refused,
-                left,
-            )
-        else:
-            logger.warning(
-                "the cache at %s is full: %d fetched samples were not admitted and %d more "
-                "are not fetched; raise --max-bytes (the budget is %d bytes)",
-                self.tier.root,
-                refused,
-                left,
-                self.tier.config.max_bytes,
-            )
+        self.full_cause = warn_full(self.tier, refused, left)
         self._pending.clear()
         self._deferred.clear()
         self._ready.clear()

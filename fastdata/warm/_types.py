@@ -225,7 +225,7 @@ class WarmResult:
     """Wall time to open (or build) the index and select the samples."""
     stopped: str = ""
     """Why the run stopped before it was done (``SIGTERM``, ``SIGINT``: NOTE[warm-stop]
-    in ``_run.py``); empty when it ran to the end. Everything it fetched is committed."""
+    in ``_stop.py``); empty when it ran to the end. Everything it fetched is committed."""
     full_cause: Literal["", "budget", "filesystem"] = ""
     """Why the cache refused samples (``not_admitted``): its byte budget, or the free
     space of its filesystem; empty when it refused none."""

@@ -17,9 +17,10 @@ from fastdata.index import SampleIndex, namespace_name, open_index
 from fastdata.store import Store
 from fastdata.warm._claims import ClaimFile
 from fastdata.warm._fetch import Failure
-from fastdata.warm._run import FetchLoop, WarmStop, present_mask
+from fastdata.warm._run import FetchLoop
 from fastdata.warm._select import access_order, claim_units, source_bytes
 from fastdata.warm._space import check_disk_room, disk_room
+from fastdata.warm._stop import WarmStop
 from fastdata.warm._types import (
     DatasetSpec,
     FailedObject,
@@ -28,6 +29,7 @@ from fastdata.warm._types import (
     WarmProgress,
     WarmResult,
 )
+from fastdata.warm._units import present_mask
 
 __all__ = ["Selection", "select", "warm"]
 

@@ -181,7 +181,7 @@ def test_concurrency_halves_while_throttled_and_grows_back(tmp_path: Path) -> No
     store.counters.throttled = 5
     loop._adapt()  # the same burst: held for a moment
     assert loop.limit == 8
-    loop._hold_until = 0.0
+    loop.throttle.hold_until = 0.0
     store.counters.throttled = 6
     loop._adapt()
     assert (loop.limit, loop.limit_min, loop.decreases) == (4, 4, 2)
@@ -203,9 +203,9 @@ def test_tasks_split_units_by_objects(tmp_path: Path, limit: int) -> None:
     index = open_index(str(root), layout="files", cache_dir=tmp_path / "cache")
     tier = LmdbTier(CacheConfig(dir=str(tmp_path / "cache"), min_free_bytes=0))
     loop = FetchLoop(index, _CountingStore(), tier, None, WarmConfig(concurrency=limit))  # type: ignore[arg-type]
-    from fastdata.warm._run import _Unit
+    from fastdata.warm._units import Unit
 
-    unit = _Unit(0, np.arange(40), 400)
+    unit = Unit(0, np.arange(40), 400)
     tasks = loop._split(unit)
     per_task = max(1, min(16, limit // 2))
     assert [len(t.ids) for t in tasks][:-1] == [per_task] * (len(tasks) - 1)
@@ -223,9 +223,9 @@ def test_after_a_fault_every_task_is_one_object_the_ready_ones_too(tmp_path: Pat
     tier = LmdbTier(CacheConfig(dir=str(tmp_path / "cache"), min_free_bytes=0))
     loop = FetchLoop(index, _CountingStore(), tier, None, WarmConfig(concurrency=8))  # type: ignore[arg-type]
     from fastdata.warm._fetch import Fetched
-    from fastdata.warm._run import _Unit
+    from fastdata.warm._units import Unit
 
-    unit = _Unit(0, np.arange(40), 400)
+    unit = Unit(0, np.arange(40), 400)
     tasks = loop._split(unit)
     unit.tasks_left = len(tasks)
     assert {len(t.ids) for t in tasks} == {4}
@@ -239,5 +239,5 @@ def test_after_a_fault_every_task_is_one_object_the_ready_ones_too(tmp_path: Pat
     assert unit.tasks_left == 40
     assert np.array_equal(np.concatenate([t.ids for t in loop._ready]), np.arange(40))
     assert sum(t.est_bytes for t in loop._ready) == 400
-    assert {len(t.ids) for t in loop._split(_Unit(1, np.arange(8), 80))} == {1}
+    assert {len(t.ids) for t in loop._split(Unit(1, np.arange(8), 80))} == {1}
     tier.close()

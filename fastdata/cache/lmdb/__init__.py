@@ -1,14 +1,16 @@
 """The node-local LMDB tier: one environment per cache directory, shared by every
 process on the node, bounded, crash- and fork-safe (docs/cache.md).
 
-:class:`LmdbTier` is put together from parts, one job each:
+:class:`LmdbTier` (``_tier.py``) holds its parts, one job each, and delegates to them
+method by method (``LmdbCore``, ``LmdbMeta``, ``LmdbReads``, ``LmdbWrites``; none
+inherits from another: docs/architecture.md, "Inside the LMDB tier"):
 
 - ``_env.py``: this process's environments: the registry, the deferred close and the
   fork hooks (NOTE[lmdb-fork], NOTE[lmdb-close]), over ``_gate.py`` (the gate and the
   flock, NOTE[lmdb-gate]), ``_handle.py`` (one open environment and its map,
   NOTE[lmdb-shrink]), ``_open.py`` (the open path, NOTE[lmdb-crash],
   NOTE[lmdb-read-only]) and ``_damage.py`` (quarantine, writes off);
-- ``_core.py``: the tier's shared state, degradation and writes off
+- ``_core.py``: ``LmdbCore``, the state every part is given, degradation and writes off
   (NOTE[lmdb-write-off]);
 - ``_meta.py``: the dataset registry, access stamps, node counters
   (NOTE[lmdb-node-counters]);
