@@ -34,7 +34,15 @@ class StoreError(FastdataError, OSError):
 
 class StoreUnavailableError(StoreError, ConnectionError):
     """The store could not be reached, or kept failing, for the whole retry budget
-    (connection refused or reset, DNS, timeouts, 5xx, throttling)."""
+    (connection refused or reset, DNS, timeouts, 5xx, throttling).
+
+    ``answered`` says whether any attempt got an HTTP answer (a 5xx, a throttle): the
+    store was there, only failing; ``False`` means it was never reached.
+    """
+
+    def __init__(self, message: str, *, answered: bool = True) -> None:
+        super().__init__(message)
+        self.answered = answered
 
 
 class ObjectNotFoundError(StoreError, FileNotFoundError):

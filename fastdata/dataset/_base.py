@@ -28,7 +28,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata._fork import reset_in_forked_child, this_process
 from fastdata.config import FastdataConfig, check_int, parse_size
-from fastdata.dataset._batch import Batch, OnError, SkippedBatch, check_on_error
+from fastdata.dataset._batch import Batch, OnError, SkippedBatch, check_on_error, split_batch
 from fastdata.dataset._fetch import make_fetch
 from fastdata.dataset._runtime import DatasetRuntime, SourceIndex
 from fastdata.errors import ConfigError
@@ -174,6 +174,21 @@ class BaseDataset(IterableDataset[Any], Generic[RuntimeT]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def __getitem__(self, sample_id: int) -> Any:
+        """One sample by id, read through the cache (the ``transform`` applied).
+
+        Raises:
+            ConfigError: ``sample_id`` is not an int.
+            IndexError: ``sample_id`` is outside ``-len(self) .. len(self) - 1``.
+        """
+        number = check_int("sample id", sample_id, integral=True)
+        size = len(self)
+        index = number + size if number < 0 else number
+        if not 0 <= index < size:
+            raise IndexError(f"sample id {sample_id} is outside 0..{size - 1} of {self!r}")
+        sample = split_batch(self.fetch_batch(np.array([index], dtype=np.int64)))[0]
+        return self.transform(sample) if self.transform is not None else sample
 
     # -- the plan ------------------------------------------------------------------------
 

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from fastdata.config import FastdataConfig, check_int
+from fastdata.config import FastdataConfig
 from fastdata.dataset._base import BaseDataset, merge_config, shuffle_mode
 from fastdata.dataset._batch import (
     ID_KEY,
@@ -57,7 +57,6 @@ from fastdata.dataset._batch import (
     SkippedBatch,
     _to_torch,
     check_on_error,
-    split_batch,
 )
 from fastdata.dataset._fetch import Peeked, grouped
 from fastdata.dataset._runtime import DatasetRuntime
@@ -197,21 +196,6 @@ class Dataset(BaseDataset[DatasetRuntime]):
         return DatasetRuntime(
             self.spec, self.index, self.config, in_worker=get_worker_info() is not None
         )
-
-    def __getitem__(self, sample_id: int) -> Any:
-        """One sample by id, read through the cache (the ``transform`` applied).
-
-        Raises:
-            ConfigError: ``sample_id`` is not an int.
-            IndexError: ``sample_id`` is outside ``-len(self) .. len(self) - 1``.
-        """
-        number = check_int("sample id", sample_id, integral=True)
-        size = len(self)
-        index = number + size if number < 0 else number
-        if not 0 <= index < size:
-            raise IndexError(f"sample id {sample_id} is outside 0..{size - 1} of {self!r}")
-        sample = split_batch(self.fetch_batch(np.array([index], dtype=np.int64)))[0]
-        return self.transform(sample) if self.transform is not None else sample
 
     # -- the plan ------------------------------------------------------------------------
 

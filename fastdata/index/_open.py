@@ -280,18 +280,26 @@ def _open_trusting(versions: TableVersions, request: _Request) -> SampleIndex:
 def _open_validated(versions: TableVersions, request: _Request, strict: bool) -> SampleIndex:
     """NOTE[offline-open]: with a saved index to fall back on, the listing that validates
     it gets ``OFFLINE_PROBE_ATTEMPTS`` attempts, not the whole retry budget. A store that
-    cannot be reached (refused, reset, DNS, timeouts, 5xx: ``StoreUnavailableError``)
-    then opens the saved index at once with one warning naming its age, so cached
-    samples are served while misses wait out the budget as usual; the next open
-    validates again. Denied and missing buckets still raise. Without a saved index the
-    listing has the whole budget, as before."""
+    was never reached in them (refused, reset, DNS, connect timeouts:
+    ``StoreUnavailableError`` with ``answered=False``) then opens the saved index at once
+    with one warning naming its age, so cached samples are served while misses wait out
+    the budget as usual; the next open validates again. A store that answered (5xx,
+    throttling: the ranks of a job listing at once) is listed again with the whole
+    budget, so that every rank validates the same way. Denied and missing buckets still
+    raise. Without a saved index the listing has the whole budget, as before."""
     saved = request.wrap(versions.current())
+    probe = OFFLINE_PROBE_ATTEMPTS if saved is not None else None
     try:
-        selection = request.select(max_attempts=OFFLINE_PROBE_ATTEMPTS if saved else None)
+        selection = request.select(max_attempts=probe)
     except StoreUnavailableError as exc:
         if saved is None:
             raise
-        return _offline(saved, exc)
+        if exc.answered:
+            # The store is there, only failing or throttling (many ranks listing at
+            # once): every rank must see the same index, so validate with the budget.
+            selection = request.select()
+        else:
+            return _offline(saved, exc)
     found = saved
     if found is not None and found.fingerprint == selection.fingerprint:
         return _using(found, "the listing matches it")
@@ -310,7 +318,8 @@ def _open_validated(versions: TableVersions, request: _Request, strict: bool) ->
 def _offline(saved: SampleIndex, exc: StoreUnavailableError) -> SampleIndex:
     age_s = max(0.0, time.time() - saved.built_at) if saved.built_at else float("nan")
     message = (
-        f"{saved.url}: the store could not be reached ({exc}); using the saved index "
+        f"{saved.url}: the store could not be reached ({exc.args[0].split('; last cause')[0]});"
+        " using the saved index "
         f"{saved.path} built {age_s:.0f} s ago without comparing it with the store. Cached "
         "samples are served; misses wait for the store within its retry budget; the next "
         "open validates again"

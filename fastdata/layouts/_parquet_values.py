@@ -116,11 +116,12 @@ def _list_values(array: _ListLike, name: str, path: str, group: int) -> list[Any
     listed = cast("pa.ListArray[Any] | pa.LargeListArray[Any]", array)
     offsets = listed.offsets.to_numpy()
     values = _list_child(listed.values, inner, name, path, group)
+    starts, ends = offsets[:-1], offsets[1:]
     if valid is not None:
-        offsets = offsets.copy()
-        ends = offsets[1:]
-        ends[~valid] = offsets[:-1][~valid]  # an empty span for a null list
-    return [values[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
+        # An empty span for a null list; the next list's start stays its own (ends and
+        # starts are separate copies, not views of one array).
+        ends = np.where(valid, ends, starts)
+    return [values[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
 
 
 def _list_child(

@@ -326,7 +326,11 @@ def exhausted_error(
             "check proxies, NICs and the server's disks, or use an https endpoint",
             offset=start,
         )
+    answered = failure.kind is FaultKind.THROTTLED or any(
+        name.startswith(("HTTP", "S3 ")) for name in seen
+    )
     return StoreUnavailableError(
         f"{ctx.what()} failed: {head}; last cause: {failure.cause}. The store may be down "
-        "or overloaded: check it, or raise StoreConfig.retry_budget_s"
+        "or overloaded: check it, or raise StoreConfig.retry_budget_s",
+        answered=answered,
     )

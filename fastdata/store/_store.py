@@ -261,7 +261,9 @@ class Store:
             attempt = functools.partial(proc.backend.list_into, prefix, sink)
             env = proc.env
             if max_attempts is not None:
-                env = replace(env, policy=replace(env.policy, max_attempts=max_attempts))
+                own = env.policy.max_attempts
+                fewest = max_attempts if own is None else min(own, max_attempts)
+                env = replace(env, policy=replace(env.policy, max_attempts=fewest))
             await retrying(attempt, OpContext("list", self._target(prefix)), env)
             return sink
 

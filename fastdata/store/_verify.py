@@ -66,8 +66,8 @@ _MULTIPART_ETAG = re.compile(r"([0-9a-fA-F]{32})-([0-9]{1,5})")
 _MIB = 1 << 20
 #: NOTE[multipart-etag]: the part sizes uploaders use, most common first: boto3 and the
 #: AWS CLI (8 MiB), the S3 minimum and rclone (5 MiB), MinIO's mc (16 MiB, 64 MiB),
-#: s3fs (50 MiB), then other powers of two.
-PART_SIZES = tuple(n * _MIB for n in (8, 5, 16, 64, 50, 32, 100, 128, 256, 512))
+#: s3cmd (15 MiB), s3fs (50 MiB), then other powers of two.
+PART_SIZES = tuple(n * _MIB for n in (8, 5, 16, 64, 15, 50, 32, 100, 128, 256, 512))
 _UNGUESSABLE_MAX = 4096
 #: Slices fed to the CRC32C library, which takes only read-only buffers (bytes, Bytes).
 _CRC_SLICE = 4 * 1024 * 1024
@@ -205,7 +205,10 @@ class Verifier:
             return False
         view = memoryview(data)
         expected, parts = found.group(1).lower(), int(found.group(2))
-        sizes = [s for s in PART_SIZES if parts >= 1 and -(-len(view) // s) == parts]
+        if parts == 1:  # one part: every size that holds the whole body gives one digest
+            sizes = [max(1, len(view))] if len(view) <= PART_SIZES[-1] else []
+        else:
+            sizes = [s for s in PART_SIZES if -(-len(view) // s) == parts]
         if not sizes:
             return False
         first = b""

@@ -15,6 +15,7 @@ import random
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -77,7 +78,8 @@ def _tree_pages(data: Path) -> tuple[int, list[int]]:
     try:
         meta = _lmdb_file.read_meta(fd)
         assert meta is not None
-        walked = check_tree(fd, meta.psize, meta.last_pg, meta.offset)
+        seen = check_tree(fd, meta.psize, meta.last_pg, meta.offset)
+        walked = {pgno for pgno, hit in enumerate(seen) if hit}
         raw = os.pread(fd, (meta.last_pg + 1) * meta.psize, 0)
     finally:
         os.close(fd)
@@ -169,3 +171,45 @@ def test_a_branch_pointing_past_the_file_is_damage(pristine: Path, tmp_path: Pat
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report == {"ok": SAMPLES, "wrong": 0, "state": report["state"]}
+
+
+WRITER = """
+import os, sys, lmdb
+env = lmdb.open(sys.argv[1], max_dbs=2, map_size=1 << 30, sync=False, metasync=False)
+db = env.open_db(b"records")
+ready, stop = sys.argv[2], sys.argv[3]
+for n in range(20000):  # bounded: ends by itself
+    with env.begin(write=True, db=db) as txn:
+        for k in range(20):
+            txn.put(os.urandom(16), os.urandom(1500 if k % 2 else 3000))
+    if n == 2000:  # 40,000 records: a walk long enough for commits to overtake it
+        open(ready, "w").close()
+    if os.path.exists(stop):
+        break
+"""
+
+
+def test_a_walk_beside_a_committing_writer_never_calls_a_healthy_file_damaged(
+    tmp_path: Path,
+) -> None:
+    """Pages of an old snapshot are reused by later commits while a walk reads them: that
+    must make the walk inconclusive, never quarantine a healthy cache (review finding)."""
+    env_dir = tmp_path / "env"
+    ready, stop = tmp_path / "ready", tmp_path / "stop"
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(env_dir), str(ready), str(stop)])
+    try:
+        for _ in range(3000):  # bounded wait for the first commits
+            if ready.exists() or writer.poll() is not None:
+                break
+            time.sleep(0.01)
+        assert ready.exists()
+        fd = os.open(env_dir / "data.mdb", os.O_RDONLY)
+        try:
+            for _ in range(30):
+                _lmdb_file.check_data_file(fd, walk_tree=True)  # never DamagedFile
+        finally:
+            os.close(fd)
+    finally:
+        stop.touch()
+        writer.wait(timeout=120)
+    assert writer.returncode == 0

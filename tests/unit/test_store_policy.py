@@ -28,6 +28,7 @@ from fastdata.store._faults import (
     Failure,
     FaultKind,
     OpContext,
+    exhausted_error,
     parse_retry_after,
     sanitize,
     status_kind,
@@ -323,3 +324,24 @@ def test_resume_min_bytes_is_validated_and_read_from_the_environment() -> None:
         StoreConfig(resume_min_bytes=0)
     config = FastdataConfig.from_env({"FASTDATA_STORE_RESUME_MIN_BYTES": "16MiB"})
     assert config.store.resume_min_bytes == 16 * 1024**2
+
+
+@pytest.mark.parametrize(
+    ("kind", "seen", "answered"),
+    [
+        (FaultKind.TRANSIENT, {"connection refused": 3}, False),
+        (FaultKind.TRANSIENT, {"connection reset": 1, "connection refused": 2}, False),
+        (FaultKind.TRANSIENT, {"HTTP 503": 2}, True),
+        (FaultKind.TRANSIENT, {"connection refused": 1, "HTTP 500": 1}, True),
+        (FaultKind.THROTTLED, {"S3 SlowDown": 4}, True),
+    ],
+)
+def test_an_unavailable_store_says_whether_it_ever_answered(
+    kind: FaultKind, seen: dict[str, int], answered: bool
+) -> None:
+    """NOTE[offline-open] falls back to a saved index only for a store never reached."""
+    error = exhausted_error(
+        Failure(kind, "cause"), CTX, attempts=3, elapsed_s=1.0, reason="r", seen=seen
+    )
+    assert isinstance(error, StoreUnavailableError)
+    assert error.answered is answered

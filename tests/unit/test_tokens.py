@@ -589,3 +589,20 @@ def test_a_bad_chunk_is_skipped_batch_by_batch(
     assert [b["__id__"].tolist() for b in batches] == [e for e in expected if e]
     assert skipped == per_chunk
     _check(batches, corpus, ds)
+
+
+def test_a_token_dataset_gives_one_block_by_id_as_a_dataset_does(tmp_path: Path) -> None:
+    """TokenDataset is a sibling of Dataset (issue 19): ``ds[i]`` still comes from the
+    shared base, and it is no fastdata.Dataset any more, but a BaseDataset."""
+    corpus = _flat(tmp_path / "c", [300])
+    ds = fastdata.TokenDataset(tmp_path / "c", block_size=16, cache_dir=tmp_path / "cache")
+    with ds:
+        block = ds[3]
+        last = ds[-1]
+    assert block["tokens"].tolist() == corpus[48:64].tolist()
+    assert int(block["__id__"]) == 3
+    assert last["tokens"].tolist() == corpus[(len(ds) - 1) * 16 : len(ds) * 16].tolist()
+    assert isinstance(ds, fastdata.dataset.BaseDataset)
+    assert not isinstance(ds, fastdata.Dataset)
+    with pytest.raises(IndexError, match="outside 0"):
+        ds[len(ds)]

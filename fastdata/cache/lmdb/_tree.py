@@ -55,7 +55,7 @@ class TreeDamage(Exception):
     what it should be (NOTE[lmdb-tree])."""
 
 
-def check_tree(fd: int, psize: int, last_pg: int, meta_offset: int) -> frozenset[int]:
+def check_tree(fd: int, psize: int, last_pg: int, meta_offset: int) -> bytearray:
     """Walk every branch and leaf page reachable from one meta page, once (NOTE[lmdb-tree]).
 
     Args:
@@ -65,7 +65,8 @@ def check_tree(fd: int, psize: int, last_pg: int, meta_offset: int) -> frozenset
         meta_offset: The meta page's offset in the file (0 or ``psize``).
 
     Returns:
-        The numbers of the branch and leaf pages walked.
+        A map of the file's pages: byte ``n`` is 1 for each branch or leaf page walked
+        (one byte a page, not a set: a cache of millions of pages stays small).
 
     Raises:
         TreeDamage: A reference points outside the file or at a page that is not what
@@ -82,9 +83,9 @@ class _Walk:
         self.fd = fd
         self.psize = psize
         self.last_pg = last_pg
-        self.seen: set[int] = set()
+        self.seen = bytearray(last_pg + 1)
 
-    def run(self, meta_offset: int) -> frozenset[int]:
+    def run(self, meta_offset: int) -> bytearray:
         meta = os.pread(self.fd, _META_MAIN_ROOT + 8, meta_offset)
         if len(meta) < _META_MAIN_ROOT + 8:
             raise TreeDamage(f"meta page at byte {meta_offset} is cut short")
@@ -93,7 +94,7 @@ class _Walk:
             ("main database", _META_MAIN_ROOT),
         ):
             self._tree(_U64.unpack_from(meta, at)[0], what, subs=at == _META_MAIN_ROOT)
-        return frozenset(self.seen)
+        return self.seen
 
     def _tree(self, root: int, what: str, *, subs: bool) -> None:
         if root == _P_INVALID:
@@ -132,9 +133,9 @@ class _Walk:
 
     def _page(self, pgno: int, parent: str) -> tuple[bytes, int, list[int]]:
         self._check_number(pgno, parent)
-        if pgno in self.seen:
+        if self.seen[pgno]:
             raise TreeDamage(f"page {pgno} is reached twice (from {parent})")
-        self.seen.add(pgno)
+        self.seen[pgno] = 1
         raw = os.pread(self.fd, self.psize, pgno * self.psize)
         if len(raw) < self.psize:
             raise TreeDamage(f"page {pgno} (from {parent}) is past the end of the file")
