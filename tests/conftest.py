@@ -5,14 +5,17 @@
 * ``s3_bucket``: a fresh, DNS-valid bucket on that server for one test.
 * ``moto_server`` (session) / ``moto_bucket``: moto's ThreadedMotoServer on port 0, reset
   between tests; for fast store-layer unit tests only.
+* ``--allowed-skips FILE``: the run fails if a test skips for a reason that matches no
+  pattern in FILE (CI passes ``.ci/allowed-skips``: a skip there is a lost test).
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import re
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -34,6 +37,56 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 _bucket_ids = itertools.count()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--allowed-skips",
+        metavar="FILE",
+        default=None,
+        help="fail the run on any skip whose reason matches no pattern of FILE "
+        "(one Python regex a line, searched in the reason; # starts a comment)",
+    )
+
+
+class _SkipGate:
+    """The ``--allowed-skips`` patterns of this run, and the skips that matched none."""
+
+    allowed: ClassVar[list[re.Pattern[str]] | None] = None
+    unexpected: ClassVar[list[str]] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    path = config.getoption("--allowed-skips")
+    # The controller sees every report; an xdist worker leaves the gate to it.
+    if path is not None and not hasattr(config, "workerinput"):
+        with open(path, encoding="utf-8") as f:
+            lines = [line.split("#", 1)[0].strip() for line in f]
+        _SkipGate.allowed = [re.compile(line) for line in lines if line]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # Runs in the xdist controller too, for every worker's report. An xfail is reported
+    # as skipped with ``wasxfail``: expected, not a lost test.
+    if _SkipGate.allowed is None or not report.skipped or hasattr(report, "wasxfail"):
+        return
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    reason = reason.removeprefix("Skipped: ")
+    if not any(p.search(reason) for p in _SkipGate.allowed):
+        _SkipGate.unexpected.append(f"{report.nodeid}: {reason}")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _SkipGate.unexpected:
+        terminalreporter.section("skips outside --allowed-skips (each is a lost test)", red=True)
+        for line in _SkipGate.unexpected:
+            terminalreporter.line(line)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _SkipGate.unexpected and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

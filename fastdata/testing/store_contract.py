@@ -392,12 +392,22 @@ class StoreFaultContract:
         assert gets[2].if_match is None
 
     def test_retry_after_is_honoured(
-        self, upstream: Any, proxy: FaultProxy, make_store: MakeStore, data: dict[str, bytes]
+        self,
+        upstream: Any,
+        proxy: FaultProxy,
+        make_store: MakeStore,
+        data: dict[str, bytes],
+        request: pytest.FixtureRequest,
     ) -> None:
         if self.backend == "obstore":
-            pytest.skip(
-                "obstore 0.12 reports only the status and body of a failed request, not its "
-                "Retry-After header (docs/store.md, 'Retry-After')"
+            # A known limit, run and expected to fail: the day obstore passes the header
+            # on, this test passes, the strict xfail fails, and the limit is lifted.
+            request.applymarker(
+                pytest.mark.xfail(
+                    reason="obstore 0.12 reports only the status and body of a failed "
+                    "request, not its Retry-After header (docs/store.md, 'Retry-After')",
+                    strict=True,
+                )
             )
         path = self.key_path(upstream, "f/small.bin")
         proxy.add(Fault.slow_down(retry_after_s=1), times=1, method="GET", path=path)

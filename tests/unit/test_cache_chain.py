@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -335,6 +336,25 @@ def test_drop_corrupt_counts_each_tier_and_checks_ids(config: CacheConfig) -> No
             cache.drop_corrupt([10])
 
 
+def _waits_on_a_flight(thread: threading.Thread) -> bool:
+    """Whether ``thread`` waits for another reader's fetch (NOTE[singleflight])."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "wait" and code.co_filename.endswith("_flight.py"):
+            return True  # SingleFlight.wait: waiting for another reader's flight
+        frame = frame.f_back
+    return False
+
+
+def _until_waiting_on_flights(threads: list[threading.Thread], count: int) -> None:
+    """Return once ``count`` of ``threads`` wait on a flight: a state, not a moment."""
+    deadline = time.monotonic() + 60.0  # a hang guard
+    while sum(map(_waits_on_a_flight, threads)) < count:
+        assert time.monotonic() < deadline, "the readers never all waited on the flight"
+        threading.Event().wait(0.002)
+
+
 def test_concurrent_misses_for_the_same_key_fetch_once(config: CacheConfig) -> None:
     source = FakeSource(64)
     source.gate = threading.Event()
@@ -346,9 +366,7 @@ def test_concurrent_misses_for_the_same_key_fetch_once(config: CacheConfig) -> N
         ]
         for t in threads:
             t.start()
-        while sum(1 for _ in cache._flights._inflight) < 32:
-            threading.Event().wait(0.01)
-        threading.Event().wait(0.1)
+        _until_waiting_on_flights(threads, 5)  # one owner reads, five wait for it
         source.gate.set()
         for t in threads:
             t.join(30)
@@ -374,9 +392,7 @@ def test_failed_owner_fetch_lets_each_waiter_fetch_for_itself(config: CacheConfi
         threads = [threading.Thread(target=read) for _ in range(3)]
         for t in threads:
             t.start()
-        while len(cache._flights._inflight) < 2:
-            threading.Event().wait(0.01)
-        threading.Event().wait(0.1)
+        _until_waiting_on_flights(threads, 2)
         source.gate.set()
         for t in threads:
             t.join(30)
