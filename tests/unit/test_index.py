@@ -41,9 +41,11 @@ class CountingStore(Store):
         self.get_calls = 0
         self.requests: list[ByteRange] = []
 
-    def list(self, prefix: str = "", pattern: str | None = None) -> list[ObjectInfo]:
+    def list(
+        self, prefix: str = "", pattern: str | None = None, *, max_attempts: int | None = None
+    ) -> list[ObjectInfo]:
         self.lists += 1
-        return super().list(prefix, pattern)
+        return super().list(prefix, pattern, max_attempts=max_attempts)
 
     def get_many(self, requests: Sequence[ByteRange]) -> list[Any]:
         self.get_calls += 1

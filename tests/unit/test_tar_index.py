@@ -31,9 +31,11 @@ class CountingStore(Store):
         self.requests: list[ByteRange] = []
         self._lock = threading.Lock()
 
-    def list(self, prefix: str = "", pattern: str | None = None) -> list[ObjectInfo]:
+    def list(
+        self, prefix: str = "", pattern: str | None = None, *, max_attempts: int | None = None
+    ) -> list[ObjectInfo]:
         self.lists += 1
-        return super().list(prefix, pattern)
+        return super().list(prefix, pattern, max_attempts=max_attempts)
 
     def get_many(self, requests: Sequence[ByteRange]) -> list[Any]:
         with self._lock:
