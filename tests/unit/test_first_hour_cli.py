@@ -13,16 +13,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from fastdata.cache import LmdbTier
 from fastdata.cli import cli
 from fastdata.config import CacheConfig, FastdataConfig
+from fastdata.store import normalize_url
 from fastdata.warm import DatasetSpec, warm
 
 ROOT = Path(__file__).resolve().parents[2]
-LONG_NAME = (
-    "s3://bucket/some/rather/deep/prefix/train @ http://minio-staging.example.internal:9000 "
-    "layout=files pattern=**/*.png"
-)
+LONG_DIRS = "some/rather/deep/prefix/of/a/training/set/on/a/shared/filesystem/train-split"
 
 
 @pytest.fixture
@@ -44,9 +41,12 @@ def make_dataset(root: Path, count: int) -> Path:
 def test_stats_piped_shows_every_column_and_the_name_whole(
     tmp_path: Path, config: FastdataConfig
 ) -> None:
-    result = warm(DatasetSpec(str(make_dataset(tmp_path / "a", 5)), layout="files"), config=config)
-    with LmdbTier(config.cache) as tier:
-        tier.register_dataset(bytes.fromhex(result.dataset_id), num_samples=5, name=LONG_NAME)
+    # A dataset whose name (its URL: `stats` names datasets by their saved index) is far
+    # wider than 80 columns.
+    root = make_dataset(tmp_path / LONG_DIRS, 5)
+    result = warm(DatasetSpec(str(root), layout="files"), config=config)
+    long_name = normalize_url(str(root))
+    assert len(long_name) > 120
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     # `fastdata stats | cat`: stdout is a pipe, no terminal width to go by.
     done = subprocess.run(
@@ -64,7 +64,7 @@ def test_stats_piped_shows_every_column_and_the_name_whole(
     cells = [cell.strip() for cell in rows[0].split("│")]
     # The row whole on one line of the log: id, name, layout, samples, cached, %, bytes,
     # last read, none of them cut.
-    assert cells[1:4] == [result.dataset_id, LONG_NAME, "files"], done.stdout
+    assert cells[1:4] == [result.dataset_id, long_name, "files"], done.stdout
     assert cells[4:7] == ["5", "5", "100%"], done.stdout
     assert all(cells[1:9]), done.stdout
     header = next(line for line in done.stdout.splitlines() if "dataset id" in line)
