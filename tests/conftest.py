@@ -25,7 +25,11 @@ from fastdata.testing.seaweedfs import SeaweedServer
 
 # The contract suites live in the package (fastdata.testing) so a third-party tier or
 # store can run them; their asserts get pytest's messages only when registered first.
-pytest.register_assert_rewrite("fastdata.testing.store_contract", "fastdata.testing.tier_contract")
+pytest.register_assert_rewrite(
+    "fastdata.testing.store_contract",
+    "fastdata.testing.store_fault_contract",
+    "fastdata.testing.tier_contract",
+)
 
 settings.register_profile("dev", max_examples=50, deadline=None)
 settings.register_profile(
