@@ -336,22 +336,14 @@ class TokenDataset(Dataset):
     ) -> Prefetcher[np.ndarray, Any]:
         """As :meth:`fastdata.Dataset.prefetch`; the hint announces the chunks of the
         coming batches (about two windows ahead) to the chunk reader and the cache."""
-        runtime = self.runtime()
         blocks = self.blocks
         # A global shuffle over more chunks than the arena holds needs a chunk per block:
         # read-ahead and keeping what a batch reads would copy whole chunks for single
         # blocks (ChunkReader.keep_misses).
-        walks = plan.order.config.shuffle != "global"
-        walks = walks or blocks.num_chunks <= runtime.chunks.capacity
-        runtime.chunks.keep_misses = walks
+        walks = self.prepare_walk(plan.order.config.shuffle)
 
         def hint(upcoming: list[np.ndarray]) -> None:
-            chunks = np.concatenate(upcoming) // blocks.chunk_blocks
-            unique, first = np.unique(chunks, return_index=True)
-            ordered = unique[np.argsort(first, kind="stable")].tolist()
-            if walks:
-                runtime.chunks.readahead(ordered)
-            runtime.cache.hint(ordered)
+            self.hint_blocks(np.concatenate(upcoming), walks=walks)
 
         batches: Iterator[np.ndarray] = plan.batches_for_worker(worker_id, num_workers)
         per_task = self._batches_per_task(plan, group, unbatch, collate_fn)
@@ -376,6 +368,25 @@ class TokenDataset(Dataset):
         )
         self._prefetchers.add(prefetcher)
         return prefetcher if per_task == 1 else _Split(prefetcher)  # type: ignore[return-value]
+
+    def prepare_walk(self, shuffle: ShuffleMode) -> bool:
+        """Whether an order of ``shuffle`` walks chunks (so read-ahead and keeping what a
+        batch reads pay off), set on this process's chunk reader; returned for the hint."""
+        runtime = self.runtime()
+        walks = shuffle != "global" or self.blocks.num_chunks <= runtime.chunks.capacity
+        runtime.chunks.keep_misses = walks
+        return walks
+
+    def hint_blocks(self, block_ids: np.ndarray, *, walks: bool) -> None:
+        """Announce the chunks of the coming blocks, in first-use order, to the cache and
+        (``walks``: an order that walks chunks) to the chunk reader's read-ahead."""
+        runtime = self.runtime()
+        chunks = np.asarray(block_ids, dtype=np.int64) // self.blocks.chunk_blocks
+        unique, first = np.unique(chunks, return_index=True)
+        ordered = unique[np.argsort(first, kind="stable")].tolist()
+        if walks:
+            runtime.chunks.readahead(ordered)
+        runtime.cache.hint(ordered)
 
     def _batches_per_task(
         self,
