@@ -43,13 +43,12 @@ import torch
 
 from fastdata import _workers
 from fastdata._cuda_copy import check_device, to_device
-from fastdata._loader_state import check_state, dump_state
-from fastdata._loader_stats import CacheStatsDict, LoaderStats, StoreStatsDict
+from fastdata._loader_state import OwnStateDataset, check_state, dump_state, is_planned
+from fastdata._loader_stats import CacheStatsDict, LoaderStats, SourceCounts, StoreStatsDict
 from fastdata._loader_workers import WorkerProcesses, flatten
 from fastdata._rank_steps import RankSteps, RankStepsWarning, dataset_tag
 from fastdata.config import check_int
 from fastdata.dataset import (
-    Dataset,
     OnError,
     SkippedBatch,
     check_on_error,
@@ -144,7 +143,7 @@ class DataLoader:
         # The running epoch, weakly: a loop that breaks out drops the last reference and
         # garbage collection closes it, as with torch's DataLoader.
         self._active: weakref.ref[Generator[Any, None, None]] | None = None
-        if not isinstance(dataset, Dataset):
+        if not is_planned(dataset):
             extras = {"device": device, "world_size": world_size, "rank": rank}
             extras["metrics_port"] = metrics_port
             extras["on_error"] = on_error
@@ -389,9 +388,7 @@ class DataLoader:
 
     def _reset_timing(self) -> None:
         self._skipped_whole = 0
-        self._skipped_at_start = (
-            self.dataset.skipped_samples if isinstance(self.dataset, Dataset) else 0
-        )
+        self._skipped_at_start = self.dataset.skipped_samples if self._torch is None else 0
         self._started_s = 0.0
         self._last_s = 0.0
         self._waits = WaitMeter()
@@ -440,6 +437,8 @@ class DataLoader:
             strict=strict,
         )
         self._close_active()
+        if isinstance(self.dataset, OwnStateDataset):
+            self._stop_workers()  # they restart with the dataset as the state left it
         self._epoch = plan_state.epoch
         self._resume_cursor = plan_state.cursor
         self._plan = None
@@ -485,6 +484,7 @@ class DataLoader:
                 if self.num_workers == 0
                 else self._skipped_whole
             ),
+            source_samples=plan.source_samples(steps) if isinstance(plan, SourceCounts) else (),
         )
 
     def close(self) -> None:
@@ -497,7 +497,7 @@ class DataLoader:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server = None
-        if isinstance(self.dataset, Dataset):
+        if self._torch is None:
             self.dataset.close()
 
     def __enter__(self) -> DataLoader:
