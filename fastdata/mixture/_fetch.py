@@ -1,0 +1,107 @@
+"""What a mixture batch is made of: the sources' batches of one planned batch, joined,
+and the sources' counters seen as one runtime's.
+
+NOTE[mixture-batches]: a planned batch holds its sources' runs one after another
+(NOTE[mixture-streams]); each run is one ``fetch_batch`` of its source (one cache call,
+one gather per field), and the runs are joined field by field (a batch of one source is
+handed on as it is). ``__id__`` is each sample's id in its source and ``__source__``
+(int64) the source's index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from fastdata import _workers
+from fastdata.dataset import Batch, VarTensor
+from fastdata.errors import ConfigError
+from fastdata.store import StoreStats
+
+__all__ = ["SOURCE_KEY", "MergedRuntime", "join_batches"]
+
+SOURCE_KEY = "__source__"
+"""Batch and sample key holding each sample's source index (int64)."""
+
+
+def join_batches(parts: Sequence[Batch]) -> Batch:
+    """One batch of ``parts`` (batches with the same keys), in order (NOTE[mixture-batches]).
+
+    Raises:
+        ConfigError: The parts do not have the same fields.
+    """
+    if len(parts) == 1:
+        return parts[0]
+    keys = list(parts[0])
+    out: Batch = {}
+    for key in keys:
+        values: list[Any] = [p.get(key) for p in parts]
+        first = values[0]
+        if any(v is None for v in values) or any(type(v) is not type(first) for v in values):
+            raise ConfigError(
+                f"the sources' batches disagree about field {key!r}: give every source the "
+                "same fields (Mixture checks them at construction; a layout option such as "
+                "labels= can differ)"
+            )
+        if isinstance(first, VarTensor):
+            out[key] = _join_var(values)
+        elif isinstance(first, list):
+            out[key] = [item for v in values for item in v]
+        else:
+            out[key] = torch.cat(values)
+    return out
+
+
+def _join_var(parts: list[Any]) -> VarTensor:
+    kinds = {p.kind for p in parts}
+    if len(kinds) != 1:
+        raise ConfigError(f"the sources give a variable-length field as {sorted(kinds)}")
+    starts = [0]
+    for p in parts[:-1]:
+        starts.append(starts[-1] + int(p.offsets[-1]))
+    offsets = torch.cat(
+        [parts[0].offsets[:1] * 0] + [p.offsets[1:] + s for p, s in zip(parts, starts, strict=True)]
+    )
+    shapes = None
+    if all(p.shapes is not None for p in parts):
+        shapes = torch.cat([p.shapes for p in parts])
+    return VarTensor(torch.cat([p.values for p in parts]), offsets, parts[0].kind, shapes)
+
+
+class _Stats:
+    def __init__(self, data: dict[str, Any]) -> None:
+        self._data = data
+
+    def as_dict(self) -> dict[str, Any]:
+        return self._data
+
+
+class _MergedCache:
+    def __init__(self, runtimes: list[Any]) -> None:
+        self._runtimes = runtimes
+
+    def stats(self) -> _Stats:
+        parts = [r.cache.stats().as_dict() for r in self._runtimes]
+        return _Stats(_workers.merge_stats(parts, node_wide=False))
+
+
+class _MergedStore:
+    def __init__(self, runtimes: list[Any]) -> None:
+        self._runtimes = runtimes
+
+    def stats(self) -> StoreStats:
+        parts = [asdict(r.store.stats()) for r in self._runtimes]
+        merged = _workers.merge_stats(parts)
+        return StoreStats(**merged)
+
+
+class MergedRuntime:
+    """The open runtimes of a mixture's sources as one: ``cache.stats()`` and
+    ``store.stats()`` add up the sources' counters (what ``DataLoader.stats()`` reads)."""
+
+    def __init__(self, runtimes: list[Any]) -> None:
+        self.cache = _MergedCache(runtimes)
+        self.store = _MergedStore(runtimes)
