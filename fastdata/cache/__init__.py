@@ -6,7 +6,13 @@ crash safety and what ``stats()`` returns.
 
 from __future__ import annotations
 
-from fastdata.cache.chain import CacheStats, ReadThroughCache, SampleSource, default_tiers
+from fastdata.cache.chain import (
+    CacheStats,
+    ReadThroughCache,
+    SampleSource,
+    collate_across,
+    default_tiers,
+)
 from fastdata.cache.lmdb_tier import LmdbTier
 from fastdata.cache.ram import RamTier
 from fastdata.cache.tier import (
@@ -29,6 +35,7 @@ __all__ = [
     "RamTier",
     "ReadThroughCache",
     "SampleSource",
+    "collate_across",
     "Tier",
     "TierStats",
     "default_tiers",

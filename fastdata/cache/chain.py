@@ -36,6 +36,7 @@ and the tiers are parts of their own.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -70,7 +71,7 @@ if TYPE_CHECKING:
     #: Sample ids as the public calls take them: any int sequence or a numpy integer array.
     SampleIds = Sequence[int] | npt.NDArray[np.integer[Any]]
 
-__all__ = ["CacheStats", "ReadThroughCache", "SampleSource", "default_tiers"]
+__all__ = ["CacheStats", "ReadThroughCache", "SampleSource", "collate_across", "default_tiers"]
 
 _log = logging.getLogger(__name__)
 _FLIGHT_WAIT_S = 1.0
@@ -373,28 +374,7 @@ class ReadThroughCache:
             ConfigError: Bad arguments.
             StoreError: The source could not provide a sample.
         """
-        ids = self._check_ids(sample_ids)
-        with self._get_many(ids, defer_verify=True) as lease:
-            try:
-                return record.collate(
-                    lease.buffers,
-                    fields=fields,
-                    alloc=alloc,
-                    verify=lease.unverified,
-                    sample_ids=ids,
-                    variable=variable,
-                )
-            except CorruptRecordError:
-                if not lease.unverified:
-                    raise
-                bad = record.verify_many(lease.buffers)
-                if not bad:
-                    raise
-        self.drop_corrupt([ids[i] for i in bad])
-        with self._get_many(ids, defer_verify=False) as lease:
-            return record.collate(
-                lease.buffers, fields=fields, alloc=alloc, sample_ids=ids, variable=variable
-            )
+        return collate_across([(self, sample_ids)], fields=fields, alloc=alloc, variable=variable)
 
     def _check_ids(self, sample_ids: SampleIds) -> list[int]:
         try:
@@ -651,3 +631,59 @@ class ReadThroughCache:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def collate_across(
+    parts: Sequence[tuple[ReadThroughCache, SampleIds]],
+    *,
+    fields: Sequence[str] | None = None,
+    alloc: Callable[[int], Any] = record.aligned_empty,
+    variable: Sequence[str] = (),
+    sample_ids: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """:meth:`ReadThroughCache.collate_many` over the samples of several caches: one
+    gather of every part's records, in order, into one buffer (a ``fastdata.Mixture``
+    batch of several sources costs no second copy).
+
+    Args:
+        parts: ``(cache, sample ids)`` pairs, in batch order.
+        fields, alloc, variable: As for :meth:`ReadThroughCache.collate_many`.
+        sample_ids: The names of the records in errors (default: the parts' ids).
+
+    Raises:
+        CorruptRecordError: As for ``collate_many``; its ``sample_id`` is one of
+            ``sample_ids``.
+        ConfigError: Bad arguments.
+        StoreError: A source could not provide a sample.
+    """
+    checked = [(cache, cache._check_ids(ids)) for cache, ids in parts]
+    names = list(sample_ids) if sample_ids is not None else [i for _, ids in checked for i in ids]
+    with contextlib.ExitStack() as stack:
+        leases = [stack.enter_context(c._get_many(ids, defer_verify=True)) for c, ids in checked]
+        buffers = [b for lease in leases for b in lease.buffers]
+        unverified = any(lease.unverified for lease in leases)
+        try:
+            return record.collate(
+                buffers,
+                fields=fields,
+                alloc=alloc,
+                verify=unverified,
+                sample_ids=names,
+                variable=variable,
+            )
+        except CorruptRecordError:
+            if not unverified:
+                raise
+            bad = set(record.verify_many(buffers))
+            if not bad:
+                raise
+    at = 0
+    for cache, ids in checked:
+        cache.drop_corrupt([i for j, i in enumerate(ids) if at + j in bad])
+        at += len(ids)
+    with contextlib.ExitStack() as stack:
+        leases = [stack.enter_context(c._get_many(ids, defer_verify=False)) for c, ids in checked]
+        buffers = [b for lease in leases for b in lease.buffers]
+        return record.collate(
+            buffers, fields=fields, alloc=alloc, sample_ids=names, variable=variable
+        )
