@@ -276,11 +276,43 @@ def walk_segment(
     weights: BlendWeights, sizes: Iterator[np.ndarray] | Sequence[np.ndarray], ranks: int
 ) -> Iterator[np.ndarray]:
     """The per-step compositions of a segment: for each step's ``[W]`` batch sizes, the
-    ``[W, D]`` samples per rank and source that step takes (NOTE[blend-rule])."""
-    counts = np.zeros((ranks, len(weights.numerators)), dtype=np.int64)
+    ``[W, D]`` samples per rank and source that step takes (NOTE[blend-rule]).
+
+    NOTE[blend-period]: the rule is a function of the counts, so once every count equals
+    its target exactly (the weights' fractions times the samples are integers, and no
+    extra is pending) the steps of equal size so far repeat. The walk then replays that
+    period instead of solving each step: with weights like ``[0.7, 0.2, 0.1]`` a step
+    costs a lookup. Weights whose denominator does not divide a few batches (``1/3`` at
+    ``B=256``: three steps) still find one; weights with a huge denominator solve every
+    step (about 0.1-0.3 ms each).
+    """
+    p = np.asarray(weights.numerators, dtype=np.int64)
+    q = weights.denominator
+    counts = np.zeros((ranks, len(p)), dtype=np.int64)
     totals = np.zeros(ranks, dtype=np.int64)
+    since: list[np.ndarray] | None = []
+    first: np.ndarray | None = None
+    period: list[np.ndarray] = []
+    at = 0
     for size in sizes:
+        if period and first is not None and np.array_equal(size, first):
+            comp = period[at]
+            at = (at + 1) % len(period)
+            counts += comp
+            totals += size
+            yield comp
+            continue
         totals = totals + size
         after = blend_step(counts, totals, weights)
-        yield after - counts
+        comp = after - counts
         counts = after
+        if since is not None and not period:
+            if first is None:
+                first = np.array(size, copy=True)
+            if np.array_equal(size, first):
+                since.append(comp)
+                if (counts * q == totals[:, None] * p[None, :]).all():
+                    period = since  # NOTE[blend-period]
+            else:
+                since = None
+        yield comp

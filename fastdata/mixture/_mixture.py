@@ -16,10 +16,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastdata._sample_fetch import grouped, make_fetch
+from fastdata._sample_fetch import Peeked, grouped, make_fetch
+from fastdata.batch import _to_torch
+from fastdata.cache import collate_across
 from fastdata.config import check_int
 from fastdata.dataset import ID_KEY, Batch, Dataset, OnError, SkippedBatch, check_on_error
-from fastdata.errors import ConfigError
+from fastdata.errors import ConfigError, CorruptRecordError
 from fastdata.mixture import _state
 from fastdata.mixture._blend import BlendWeights
 from fastdata.mixture._fetch import SOURCE_KEY, MergedRuntime, join_batches
@@ -88,6 +90,7 @@ class Mixture:
             batch_size=first.plan_config.batch_size, seed=self.seed, shuffle="auto"
         )
         self.offsets = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
+        self._tokens = isinstance(first, TokenDataset)
         self._anchor = (0, Segment(0, (0,) * len(self.sources)))
         self._lock = threading.Lock()
         self._orders: dict[tuple[int, int, str, int], EpochOrder] = {}
@@ -320,6 +323,8 @@ class Mixture:
 
     def _fetch(self, mixture_ids: np.ndarray, on_error: OnError | None, *, local: bool) -> Batch:
         policy = self.on_error if on_error is None else check_on_error(on_error)
+        if not self._tokens:
+            return self._gather(np.asarray(mixture_ids, dtype=np.int64), policy, local=local)
         parts: list[Batch] = []
         skipped: list[int] = []
         for k, ids in self._runs(mixture_ids):
@@ -339,7 +344,44 @@ class Mixture:
             parts.append(part)
         if not parts:
             return SkippedBatch(skipped)  # type: ignore[return-value]
-        return join_batches(parts)
+        return join_batches(parts, self.sources[0].runtime().pool.acquire)
+
+    def _gather(self, ids: np.ndarray, policy: OnError, *, local: bool) -> Batch:
+        """One gather of every source's records of a planned batch into one pool
+        buffer (NOTE[mixture-batches]); a sample that cannot be read is raised or, with
+        ``"skip"``, left out as ``Dataset.fetch_batch`` does (NOTE[bad-samples])."""
+        first = self.sources[0]
+        skipped: list[int] = []
+        while True:
+            runs = list(self._runs(ids))
+            try:
+                arrays = collate_across(
+                    [(self.sources[k].runtime().cache, part) for k, part in runs],
+                    fields=first.fields,
+                    alloc=first.runtime().pool.acquire,
+                    variable=first._variable(),
+                    sample_ids=ids.tolist(),
+                )
+                break
+            except CorruptRecordError as exc:
+                bad = exc.sample_id
+                if bad is None or not bool((ids == bad).any()):
+                    raise
+                self.note_sample(exc, bad, "reading")
+                if policy == "raise":
+                    raise
+                self._skip(bad, exc)
+                skipped.append(bad)
+                ids = ids[ids != bad]  # each pass drops one id, so this loop ends
+                if len(ids) == 0:
+                    return SkippedBatch(skipped)  # type: ignore[return-value]
+        batch: Batch = {name: _to_torch(value) for name, value in arrays.items()}
+        columns = [self.sources[k].table_columns(part) for k, part in runs]
+        batch.update(join_batches(columns, first.runtime().pool.acquire))
+        source = np.concatenate([np.full(len(part), k, dtype=np.int64) for k, part in runs])
+        batch[ID_KEY] = torch.from_numpy(ids - self.offsets[source] if local else ids.copy())
+        batch[SOURCE_KEY] = torch.from_numpy(source)
+        return batch
 
     def _localize(self, sample: dict[str, Any]) -> Any:
         """A sample of a global-id batch as its source gives it: its id in the source,
@@ -365,12 +407,16 @@ class Mixture:
         return sum(s.skipped_samples for s in self.sources)
 
     def _hint(self, upcoming: list[np.ndarray], walks: dict[int, bool]) -> None:
-        for k, ids in self._runs(np.concatenate(upcoming)):
+        """One hint per source, its coming samples in plan order."""
+        ids = np.concatenate(upcoming)
+        source = self.source_of(ids)
+        for k in np.unique(source).tolist():
             src = self.sources[k]
+            mine = ids[source == k] - self.offsets[k]
             if isinstance(src, TokenDataset):
-                src.hint_blocks(ids, walks=walks[k])
+                src.hint_blocks(mine, walks=walks[k])
             else:
-                src.runtime().cache.hint(ids)
+                src.runtime().cache.hint(mine)
 
     def prefetch(
         self,
@@ -408,14 +454,29 @@ class Mixture:
         batches: Iterator[np.ndarray] = plan.batches_for_worker(worker_id, num_workers)
         if group > 1:
             batches = grouped(batches, group)
-        prefetcher: Prefetcher[np.ndarray, Any] = Prefetcher(
-            batches,
-            fetch,
-            config=self.config.prefetch,
-            hint=lambda upcoming: self._hint(upcoming, walks),
-        )
+        # NOTE[prefetch-ramp]: an epoch whose first batch is all in RAM needs no ramp.
+        planned = Peeked(batches)
+        try:
+            prefetcher: Prefetcher[np.ndarray, Any] = Prefetcher(
+                planned,
+                fetch,
+                config=self.config.prefetch,
+                hint=lambda upcoming: self._hint(upcoming, walks),
+                ramp=planned.first is None or not self._in_memory(planned.first),
+            )
+        except BaseException:
+            planned.close()
+            raise
         self._prefetchers.add(prefetcher)
         return prefetcher
+
+    def _in_memory(self, mixture_ids: np.ndarray) -> bool:
+        """Whether every sample of ``mixture_ids`` is in its source's RAM tier."""
+        return all(
+            not isinstance(self.sources[k], TokenDataset)
+            and self.sources[k].runtime().cache.in_memory(ids)
+            for k, ids in self._runs(mixture_ids)
+        )
 
     # -- handles -------------------------------------------------------------------------
 

@@ -32,6 +32,9 @@ from fastdata.plan import EpochOrder, PlanConfig, PlanState
 
 __all__ = ["MixtureOrder", "MixturePlan", "Segment", "mixture_digest"]
 
+_CHUNK_IDS = 1 << 14
+"""Ids looked up per vectorised call when iterating batches (as in ``fastdata.plan``)."""
+
 PassOrder = Callable[[int, int], EpochOrder]
 """``(source, pass) -> EpochOrder`` of that source's pass (NOTE[mixture-streams])."""
 
@@ -198,16 +201,35 @@ class MixturePlan:
             out[mask] = self._pass_order(source, int(p)).ids_at(pos[mask])
         return out
 
-    def _batch(self, consumed: np.ndarray, comp: np.ndarray) -> np.ndarray:
-        before = comp[: self.rank].sum(axis=0)
-        parts = []
-        for d in np.flatnonzero(comp[self.rank]).tolist():
-            start = int(consumed[d] + before[d])
-            stream = np.arange(start, start + int(comp[self.rank, d]), dtype=np.int64)
-            parts.append(self._ids(d, stream) + self.offsets[d])
-        ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-        ids.flags.writeable = False
-        return ids
+    def _chunk(self, steps: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
+        """This rank's batches of several steps: one order lookup per source and pass
+        for all of them (NOTE[mixture-streams])."""
+        runs: list[tuple[int, int, int, int]] = []  # (batch, source, stream start, count)
+        for j, (consumed, comp) in enumerate(steps):
+            before = comp[: self.rank].sum(axis=0)
+            runs.extend(
+                (j, d, int(consumed[d] + before[d]), int(comp[self.rank, d]))
+                for d in np.flatnonzero(comp[self.rank]).tolist()
+            )
+        found: list[dict[int, np.ndarray]] = [{} for _ in steps]
+        for d in sorted({run[1] for run in runs}):
+            mine = [run for run in runs if run[1] == d]
+            stream = np.concatenate([np.arange(s, s + n, dtype=np.int64) for _, _, s, n in mine])
+            ids = self._ids(d, stream) + self.offsets[d]
+            at = 0
+            for j, _, _, n in mine:
+                found[j][d] = ids[at : at + n]
+                at += n
+        out = []
+        for parts in found:
+            batch = (
+                np.concatenate([parts[d] for d in sorted(parts)])
+                if parts
+                else np.zeros(0, dtype=np.int64)
+            )
+            batch.flags.writeable = False
+            out.append(batch)
+        return out
 
     def batches(self) -> Iterator[np.ndarray]:
         """This rank's batches in order, as read-only ``int64`` arrays of mixture ids."""
@@ -228,14 +250,24 @@ class MixturePlan:
         return self._worker_batches(mine.start, mine.step)
 
     def _worker_batches(self, first: int, every: int) -> Iterator[np.ndarray]:
-        for j, (consumed, comp) in enumerate(self.steps()):
+        pending: list[tuple[np.ndarray, np.ndarray]] = []
+        per_chunk = max(1, _CHUNK_IDS // self.batch_size)
+        for j, step in enumerate(self.steps()):
             if j >= first and (j - first) % every == 0:
-                yield self._batch(consumed, comp)
+                pending.append(step)
+                if len(pending) == per_chunk:
+                    yield from self._chunk(pending)
+                    pending = []
+        if pending:
+            yield from self._chunk(pending)
 
     def batch_ids(self, index: int) -> np.ndarray:
         """The mixture ids of this rank's batch ``index``."""
         index = check_int("batch index", index, 0, max(0, self.num_batches - 1))
-        return next(self._worker_batches(index, self.num_batches or 1))
+        for j, step in enumerate(self.steps()):
+            if j == index:
+                return self._chunk([step])[0]
+        raise ConfigError(f"{self!r} has no batches: the rest of the epoch is its tail")
 
     # -- checkpoints ---------------------------------------------------------------------
 

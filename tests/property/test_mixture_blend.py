@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fastdata.mixture import BlendWeights
-from fastdata.mixture._blend import walk_segment
+from fastdata.mixture._blend import blend_step, walk_segment
 
 
 @st.composite
@@ -93,3 +93,17 @@ def test_a_segment_is_a_pure_function_of_its_arguments() -> None:
     sizes = [np.full(4, 7, dtype=np.int64)] * 30
     first = [s.tolist() for s in walk_segment(weights, sizes, 4)]
     assert first == [s.tolist() for s in walk_segment(weights, sizes, 4)]
+
+
+@given(blends((2, 4)))
+def test_the_replayed_period_is_the_rule_itself(blend: tuple[BlendWeights, int, list[int]]) -> None:
+    """NOTE[blend-period]: replaying a period gives what solving every step gives."""
+    weights, world, flat = blend
+    sizes = [np.array(flat[i : i + world], dtype=np.int64) for i in range(0, len(flat), world)]
+    counts = np.zeros((world, len(weights.numerators)), dtype=np.int64)
+    totals = np.zeros(world, dtype=np.int64)
+    for size, step in zip(sizes, walk_segment(weights, sizes, world), strict=True):
+        totals = totals + size
+        after = blend_step(counts, totals, weights)
+        assert (after - counts).tolist() == step.tolist()
+        counts = after
