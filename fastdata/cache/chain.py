@@ -639,7 +639,7 @@ def collate_across(
     fields: Sequence[str] | None = None,
     alloc: Callable[[int], Any] = record.aligned_empty,
     variable: Sequence[str] = (),
-    sample_ids: Sequence[int] | None = None,
+    sample_ids: SampleIds | None = None,
 ) -> dict[str, Any]:
     """:meth:`ReadThroughCache.collate_many` over the samples of several caches: one
     gather of every part's records, in order, into one buffer (a ``fastdata.Mixture``
@@ -657,9 +657,9 @@ def collate_across(
         StoreError: A source could not provide a sample.
     """
     checked = [(cache, cache._check_ids(ids)) for cache, ids in parts]
-    names = list(sample_ids) if sample_ids is not None else [i for _, ids in checked for i in ids]
+    names: Any = sample_ids if sample_ids is not None else [i for _, ids in checked for i in ids]
     with contextlib.ExitStack() as stack:
-        leases = [stack.enter_context(c._get_many(ids, defer_verify=True)) for c, ids in checked]
+        leases = _leases(stack, checked, names, defer_verify=True)
         buffers = [b for lease in leases for b in lease.buffers]
         unverified = any(lease.unverified for lease in leases)
         try:
@@ -682,8 +682,30 @@ def collate_across(
         cache.drop_corrupt([i for j, i in enumerate(ids) if at + j in bad])
         at += len(ids)
     with contextlib.ExitStack() as stack:
-        leases = [stack.enter_context(c._get_many(ids, defer_verify=False)) for c, ids in checked]
+        leases = _leases(stack, checked, names, defer_verify=False)
         buffers = [b for lease in leases for b in lease.buffers]
         return record.collate(
             buffers, fields=fields, alloc=alloc, sample_ids=names, variable=variable
         )
+
+
+def _leases(
+    stack: contextlib.ExitStack[Any],
+    checked: list[tuple[ReadThroughCache, list[int]]],
+    names: Any,
+    *,
+    defer_verify: bool,
+) -> list[Lease]:
+    """Every part's lease, held by ``stack``; a sample that cannot be read is named in
+    the error by its entry of ``names`` (a part names its own ids)."""
+    leases: list[Lease] = []
+    at = 0
+    for cache, ids in checked:
+        try:
+            leases.append(stack.enter_context(cache._get_many(ids, defer_verify=defer_verify)))
+        except CorruptRecordError as exc:
+            if exc.sample_id is not None and exc.sample_id in ids:
+                exc.sample_id = int(names[at + ids.index(exc.sample_id)])
+            raise
+        at += len(ids)
+    return leases

@@ -360,7 +360,7 @@ class Mixture:
                     fields=first.fields,
                     alloc=first.runtime().pool.acquire,
                     variable=first._variable(),
-                    sample_ids=ids.tolist(),
+                    sample_ids=ids,
                 )
                 break
             except CorruptRecordError as exc:

@@ -19,6 +19,9 @@ import torch
 
 import fastdata
 from fastdata import ConfigError
+from fastdata.layouts import ShardBuilder
+from fastdata.record import encode
+from tests.unit.test_bad_samples import _packed_with_a_damaged_record
 
 SIZES = (61, 29, 17)
 
@@ -419,3 +422,33 @@ def test_a_state_of_other_sources_or_seed_is_refused(roots: list[Path], tmp_path
     single = fastdata.DataLoader(mix.sources[0], batch_size=4)
     with pytest.raises(ConfigError, match=r"not a fastdata\.Mixture loader state"):
         fastdata.DataLoader(mix, batch_size=4).load_state_dict(single.state_dict())
+
+
+def test_a_damaged_record_names_its_source_and_can_be_skipped(tmp_path: Path) -> None:
+    bad_url, victim = _packed_with_a_damaged_record(tmp_path / "bad")
+    builder = ShardBuilder()
+    for i in range(12):
+        builder.add(encode({"x": np.full(64, 100 + i, dtype=np.int32)}))
+    (tmp_path / "good").mkdir()
+    (tmp_path / "good" / "shard-000000.fdpack").write_bytes(builder.finish())
+    sources = [
+        fastdata.Dataset(tmp_path / name, cache_dir=tmp_path / "cache", shuffle=False)
+        for name in ("good", "bad")
+    ]
+    assert sources[1].index.url == bad_url
+    mix = fastdata.Mixture(sources, [1, 1])
+    with pytest.raises(fastdata.CorruptRecordError) as info:
+        list(fastdata.DataLoader(mix, batch_size=4))
+    notes = "\n".join(info.value.__notes__)
+    assert f"sample {victim}" in notes
+    assert "source 1 of the mixture" in notes
+    loader = fastdata.DataLoader(mix, batch_size=4, on_error="skip")
+    rows = [
+        (s, i)
+        for b in loader
+        for s, i in zip(b["__source__"].tolist(), b["__id__"].tolist(), strict=True)
+    ]
+    expected = [(0, i) for i in range(12)] + [(1, i) for i in range(12) if i != victim]
+    assert sorted(rows) == expected
+    assert loader.stats().skipped_samples == 1
+    loader.close()
