@@ -9,6 +9,7 @@ cache chain, pool), opened per process on first use.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -91,6 +92,7 @@ class Mixture:
         )
         self.offsets = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
         self._tokens = isinstance(first, TokenDataset)
+        self._variable = first._variable()
         self._anchor = (0, Segment(0, (0,) * len(self.sources)))
         self._lock = threading.Lock()
         self._orders: dict[tuple[int, int, str, int], EpochOrder] = {}
@@ -299,14 +301,18 @@ class Mixture:
         """The source index of each mixture id."""
         return np.searchsorted(self.offsets, mixture_ids, side="right") - 1
 
-    def _runs(self, mixture_ids: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    def _runs(self, mixture_ids: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """The batch's runs of one source each, in order: ``(source, ids in it)``."""
         ids = np.asarray(mixture_ids, dtype=np.int64)
+        if not ids.size:
+            return []
         source = self.source_of(ids)
-        cuts = np.flatnonzero(np.diff(source)) + 1
-        for part_ids, part_src in zip(np.split(ids, cuts), np.split(source, cuts), strict=True):
-            if part_ids.size:
-                k = int(part_src[0])
-                yield k, part_ids - self.offsets[k]
+        cuts = (np.flatnonzero(source[1:] != source[:-1]) + 1).tolist()
+        bounds = [0, *cuts, int(ids.size)]
+        return [
+            (int(source[a]), ids[a:b] - self.offsets[int(source[a])])
+            for a, b in itertools.pairwise(bounds)
+        ]
 
     def fetch_batch(self, mixture_ids: np.ndarray, *, on_error: OnError | None = None) -> Batch:
         """Read one planned batch of mixture ids: one ``fetch_batch`` per source run.
@@ -353,13 +359,13 @@ class Mixture:
         first = self.sources[0]
         skipped: list[int] = []
         while True:
-            runs = list(self._runs(ids))
+            runs = self._runs(ids)
             try:
                 arrays = collate_across(
                     [(self.sources[k].runtime().cache, part) for k, part in runs],
                     fields=first.fields,
                     alloc=first.runtime().pool.acquire,
-                    variable=first._variable(),
+                    variable=self._variable,
                     sample_ids=ids,
                 )
                 break

@@ -452,3 +452,17 @@ def test_a_damaged_record_names_its_source_and_can_be_skipped(tmp_path: Path) ->
     assert sorted(rows) == expected
     assert loader.stats().skipped_samples == 1
     loader.close()
+
+
+def test_set_epoch_starts_each_source_where_the_earlier_epochs_left_it(
+    roots: list[Path], tmp_path: Path
+) -> None:
+    mix = fastdata.Mixture(_sources(roots, tmp_path / "cache"), [3, 2, 1], epoch_samples=50)
+    loader = fastdata.DataLoader(mix, batch_size=8)
+    epochs = [_flat(list(loader)) for _ in range(3)]
+    loader.close()
+    jumped = fastdata.DataLoader(mix, batch_size=8)
+    jumped.set_epoch(2)
+    assert _flat(list(jumped)) == epochs[2]
+    jumped.close()
+    assert epochs[0] != epochs[2]
