@@ -640,15 +640,19 @@ def collate_across(
     alloc: Callable[[int], Any] = record.aligned_empty,
     variable: Sequence[str] = (),
     sample_ids: SampleIds | None = None,
+    order: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """:meth:`ReadThroughCache.collate_many` over the samples of several caches: one
-    gather of every part's records, in order, into one buffer (a ``fastdata.Mixture``
-    batch of several sources costs no second copy).
+    gather of every part's records into one buffer (a ``fastdata.Mixture`` batch of
+    several sources costs no second copy), one cache call per part.
 
     Args:
-        parts: ``(cache, sample ids)`` pairs, in batch order.
+        parts: ``(cache, sample ids)`` pairs.
         fields, alloc, variable: As for :meth:`ReadThroughCache.collate_many`.
-        sample_ids: The names of the records in errors (default: the parts' ids).
+        sample_ids: The names of the batch's records in errors, in batch order
+            (default: the parts' ids).
+        order: Batch position ``j`` holds record ``order[j]`` of the parts' records one
+            after another (default: the parts in order).
 
     Raises:
         CorruptRecordError: As for ``collate_many``; its ``sample_id`` is one of
@@ -658,9 +662,19 @@ def collate_across(
     """
     checked = [(cache, cache._check_ids(ids)) for cache, ids in parts]
     names: Any = sample_ids if sample_ids is not None else [i for _, ids in checked for i in ids]
-    with contextlib.ExitStack() as stack:
-        leases = _leases(stack, checked, names, defer_verify=True)
+    in_parts: Any = names
+    if order is not None:
+        in_parts = [0] * len(order)
+        for j, i in enumerate(order):
+            in_parts[i] = names[j]
+
+    def ordered(leases: list[Lease]) -> list[Any]:
         buffers = [b for lease in leases for b in lease.buffers]
+        return buffers if order is None else [buffers[i] for i in order]
+
+    with contextlib.ExitStack() as stack:
+        leases = _leases(stack, checked, in_parts, defer_verify=True)
+        buffers = ordered(leases)
         unverified = any(lease.unverified for lease in leases)
         try:
             return record.collate(
@@ -677,15 +691,16 @@ def collate_across(
             bad = set(record.verify_many(buffers))
             if not bad:
                 raise
+    if order is not None:
+        bad = {order[j] for j in bad}
     at = 0
     for cache, ids in checked:
         cache.drop_corrupt([i for j, i in enumerate(ids) if at + j in bad])
         at += len(ids)
     with contextlib.ExitStack() as stack:
-        leases = _leases(stack, checked, names, defer_verify=False)
-        buffers = [b for lease in leases for b in lease.buffers]
+        leases = _leases(stack, checked, in_parts, defer_verify=False)
         return record.collate(
-            buffers, fields=fields, alloc=alloc, sample_ids=names, variable=variable
+            ordered(leases), fields=fields, alloc=alloc, sample_ids=names, variable=variable
         )
 
 

@@ -9,6 +9,7 @@ cache chain, pool), opened per process on first use.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -16,8 +17,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
-from fastdata._sample_fetch import Peeked, grouped, make_fetch
+from fastdata._sample_fetch import Peeked, SplitBatches, grouped, make_fetch
 from fastdata.batch import _to_torch
 from fastdata.cache import collate_across
 from fastdata.config import check_int
@@ -35,6 +37,8 @@ __all__ = ["Mixture"]
 
 _SHUFFLES = ("auto", "global", "shard_window", "none")
 _ORDERS_KEPT = 8
+GROUP_SAMPLES = 1024
+"""Samples a prefetch task gathers at least when batches are small (NOTE[mixture-batches])."""
 """Pass orders kept per process (two per source cover a pass boundary)."""
 
 
@@ -353,20 +357,23 @@ class Mixture:
         return join_batches(parts, self.sources[0].runtime().pool.acquire)
 
     def _gather(self, ids: np.ndarray, policy: OnError, *, local: bool) -> Batch:
-        """One gather of every source's records of a planned batch into one pool
-        buffer (NOTE[mixture-batches]); a sample that cannot be read is raised or, with
-        ``"skip"``, left out as ``Dataset.fetch_batch`` does (NOTE[bad-samples])."""
+        """One gather of every source's records of a task into one pool buffer, one
+        cache call per source (NOTE[mixture-batches]); a sample that cannot be read is
+        raised or, with ``"skip"``, left out as ``Dataset.fetch_batch`` does
+        (NOTE[bad-samples])."""
         first = self.sources[0]
         skipped: list[int] = []
         while True:
-            runs = self._runs(ids)
+            source = self.source_of(ids)
+            parts, order = self._parts(ids, source)
             try:
                 arrays = collate_across(
-                    [(self.sources[k].runtime().cache, part) for k, part in runs],
+                    [(self.sources[k].runtime().cache, part) for k, part in parts],
                     fields=first.fields,
                     alloc=first.runtime().pool.acquire,
                     variable=self._variable,
                     sample_ids=ids,
+                    order=order,
                 )
                 break
             except CorruptRecordError as exc:
@@ -382,12 +389,50 @@ class Mixture:
                 if len(ids) == 0:
                     return SkippedBatch(skipped)  # type: ignore[return-value]
         batch: Batch = {name: _to_torch(value) for name, value in arrays.items()}
-        columns = [self.sources[k].table_columns(part) for k, part in runs]
-        batch.update(join_batches(columns, first.runtime().pool.acquire))
-        source = np.concatenate([np.full(len(part), k, dtype=np.int64) for k, part in runs])
+        columns = join_batches(
+            [self.sources[k].table_columns(part) for k, part in parts],
+            first.runtime().pool.acquire,
+        )
+        batch.update(columns if order is None else _reordered(columns, order))
         batch[ID_KEY] = torch.from_numpy(ids - self.offsets[source] if local else ids.copy())
         batch[SOURCE_KEY] = torch.from_numpy(source)
         return batch
+
+    def _parts(
+        self, ids: np.ndarray, source: np.ndarray
+    ) -> tuple[list[tuple[int, np.ndarray]], list[int] | None]:
+        """Each source's ids of a task (one cache call each) and, where the task is not
+        already one run per source, the order that puts the records back in plan order."""
+        present = np.unique(source)
+        parts = [(int(k), ids[source == k] - self.offsets[int(k)]) for k in present.tolist()]
+        if bool((np.diff(source) >= 0).all()):
+            return parts, None
+        where = np.concatenate([np.flatnonzero(source == k) for k in present.tolist()])
+        return parts, np.argsort(where, kind="stable").tolist()
+
+    def _split(self, ids: np.ndarray, *, size: int, policy: OnError) -> list[Any]:
+        """One gather of several planned batches of ``size`` ids (the last may be
+        shorter), handed out one by one as views of one buffer (NOTE[mixture-batches])."""
+        batch = self._gather(ids, policy, local=True)
+        bounds = range(0, len(ids), size)
+        if isinstance(batch, SkippedBatch):
+            return [SkippedBatch(ids[i : i + size].tolist()) for i in bounds]
+        if len(batch[ID_KEY]) == len(ids):
+            return [{k: v[i : i + size] for k, v in batch.items()} for i in bounds]
+        # Samples were left out (on_error="skip"): each planned batch keeps its own
+        # rows, which the gather left in plan order.
+        kept_ids = batch[ID_KEY].numpy() + self.offsets[batch[SOURCE_KEY].numpy()]
+        kept = np.isin(ids, kept_ids)
+        out: list[Any] = []
+        row = 0
+        for i in bounds:
+            n = int(kept[i : i + size].sum())
+            if n == 0:
+                out.append(SkippedBatch(ids[i : i + size].tolist()))
+            else:
+                out.append({k: v[row : row + n] for k, v in batch.items()})
+            row += n
+        return out
 
     def _localize(self, sample: dict[str, Any]) -> Any:
         """A sample of a global-id batch as its source gives it: its id in the source,
@@ -460,6 +505,12 @@ class Mixture:
         batches: Iterator[np.ndarray] = plan.batches_for_worker(worker_id, num_workers)
         if group > 1:
             batches = grouped(batches, group)
+        per_task = self._batches_per_task(plan, group, per_sample)
+        if per_task > 1:
+            # Only a plan's last batch is shorter, so a run splits back at every
+            # batch_size ids (NOTE[mixture-batches]).
+            batches = grouped(batches, per_task)
+            fetch = functools.partial(self._split, size=plan.batch_size, policy=policy)
         # NOTE[prefetch-ramp]: an epoch whose first batch is all in RAM needs no ramp.
         planned = Peeked(batches)
         try:
@@ -474,7 +525,15 @@ class Mixture:
             planned.close()
             raise
         self._prefetchers.add(prefetcher)
-        return prefetcher
+        return prefetcher if per_task == 1 else SplitBatches(prefetcher)  # type: ignore[return-value]
+
+    def _batches_per_task(self, plan: MixturePlan, group: int, per_sample: bool) -> int:
+        """Planned batches one prefetch task gathers: enough for ``GROUP_SAMPLES`` in the
+        loader's own process with plain batches (each source's cache call then serves
+        several batches), else 1 (a worker's batch would carry the whole buffer)."""
+        if group > 1 or per_sample or self._tokens or get_worker_info() is not None:
+            return 1
+        return max(1, min(GROUP_SAMPLES // plan.batch_size, self.config.prefetch.depth))
 
     def _in_memory(self, mixture_ids: np.ndarray) -> bool:
         """Whether every sample of ``mixture_ids`` is in its source's RAM tier."""
@@ -603,3 +662,13 @@ def _check_policy(sources: Sequence[Dataset], on_error: OnError | None) -> OnErr
             "Mixture, which applies it to every source"
         )
     return next(iter(policies))
+
+
+def _reordered(columns: Batch, order: list[int]) -> Batch:
+    """Table columns of the parts one after another, put in plan order (position ``j``
+    takes the parts' row ``order[j]``)."""
+    index = torch.as_tensor(order, dtype=torch.int64)
+    out: Batch = {}
+    for name, value in columns.items():
+        out[name] = [value[i] for i in order] if isinstance(value, list) else value[index]
+    return out

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any, Literal, cast
@@ -22,6 +21,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata._fork import reset_in_forked_child, this_process
 from fastdata._runtime import DatasetRuntime
+from fastdata._sample_fetch import SplitBatches
 from fastdata._sample_fetch import grouped as _grouped
 from fastdata.config import FastdataConfig, parse_size
 from fastdata.dataset import (
@@ -37,7 +37,7 @@ from fastdata.dataset import (
 )
 from fastdata.errors import ConfigError, CorruptRecordError
 from fastdata.plan import EpochOrder, EpochPlan, PlanConfig, ShuffleMode
-from fastdata.prefetch import Prefetcher, PrefetchStats
+from fastdata.prefetch import Prefetcher
 from fastdata.spec import DatasetSpec
 from fastdata.store import normalize_url
 from fastdata.tokens._blocks import DEFAULT_CHUNK_BYTES, TOKENS, BlockIndex
@@ -367,7 +367,7 @@ class TokenDataset(Dataset):
             batches, fetch, config=replace(settings, hint_batches=horizon), hint=hint
         )
         self._prefetchers.add(prefetcher)
-        return prefetcher if per_task == 1 else _Split(prefetcher)  # type: ignore[return-value]
+        return prefetcher if per_task == 1 else SplitBatches(prefetcher)  # type: ignore[return-value]
 
     def prepare_walk(self, shuffle: ShuffleMode) -> bool:
         """Whether an order of ``shuffle`` walks chunks (so read-ahead and keeping what a
@@ -425,44 +425,6 @@ class TokenDataset(Dataset):
                 out.append({TOKENS: tokens[row : row + n], ID_KEY: ids[row : row + n]})
             row += n
         return out
-
-
-class _Split:
-    """A prefetcher of lists of batches, handed out one batch at a time: what
-    :meth:`TokenDataset.prefetch` returns when a task gathers several (NOTE[token-groups]).
-    ``stats()`` counts tasks, not batches."""
-
-    def __init__(self, prefetcher: Prefetcher[np.ndarray, list[Any]]) -> None:
-        self._prefetcher = prefetcher
-        self._ready: deque[Any] = deque()
-
-    def __iter__(self) -> _Split:
-        return self
-
-    def __next__(self) -> Any:
-        while not self._ready:
-            self._ready.extend(next(self._prefetcher))
-        return self._ready.popleft()
-
-    def __enter__(self) -> _Split:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    @property
-    def closed(self) -> bool:
-        """Whether the prefetcher has stopped."""
-        return self._prefetcher.closed
-
-    def close(self) -> None:
-        """Stop the prefetcher and drop the batches not handed out. Idempotent."""
-        self._ready.clear()
-        self._prefetcher.close()
-
-    def stats(self) -> PrefetchStats:
-        """The prefetcher's stats (in tasks of several batches)."""
-        return self._prefetcher.stats()
 
 
 @functools.cache
