@@ -13,6 +13,7 @@ import functools
 import itertools
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -506,7 +507,14 @@ class Mixture:
         if group > 1:
             batches = grouped(batches, group)
         per_task = self._batches_per_task(plan, group, per_sample)
+        settings = self.config.prefetch
         if per_task > 1:
+            # The same planned batches ahead (and hinted) as for one dataset, in tasks.
+            settings = replace(
+                settings,
+                depth=-(-settings.depth // per_task),
+                hint_batches=-(-settings.hint_batches // per_task),
+            )
             # Only a plan's last batch is shorter, so a run splits back at every
             # batch_size ids (NOTE[mixture-batches]).
             batches = grouped(batches, per_task)
@@ -517,7 +525,7 @@ class Mixture:
             prefetcher: Prefetcher[np.ndarray, Any] = Prefetcher(
                 planned,
                 fetch,
-                config=self.config.prefetch,
+                config=settings,
                 hint=lambda upcoming: self._hint(upcoming, walks),
                 ramp=planned.first is None or not self._in_memory(planned.first),
             )
