@@ -12,6 +12,7 @@ The package, one job per module (each imports only those below it):
 
 * ``_mixture``: :class:`Mixture`, its checks, plans, batches and prefetcher;
 * ``_state``: the loader checkpoint of a mixture;
+* ``_sources``: which datasets a mixture accepts (the checks and their messages);
 * ``_fetch``: joining the sources' batches, and their counters as one runtime's;
 * ``_plan``: :class:`MixturePlan`, the batches of a rank (pure, no torch);
 * ``_blend``: the blend rule (pure integer arithmetic, no torch).

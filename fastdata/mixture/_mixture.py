@@ -5,6 +5,12 @@ checkpoint surface the loader drives (``fastdata._loader_state.OwnStateDataset``
 ``fastdata.DataLoader`` plans its epochs, resumes it and reports its stats as for one
 dataset, with one prefetcher over the blend. The sources keep their own runtimes (store,
 cache chain, pool), opened per process on first use.
+
+Why one module of this size: its one job is the ``Mixture`` API the loader drives
+(plans and segments, checkpoints, batches, the prefetcher), whose methods share the
+sources, offsets and anchor; its parts are modules of their own: the source checks
+(``_sources``), the checkpoint format (``_state``), joining and counters (``_fetch``),
+the plan (``_plan``) and the blend rule (``_blend``).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from fastdata.mixture import _state
 from fastdata.mixture._blend import BlendWeights
 from fastdata.mixture._fetch import SOURCE_KEY, MergedRuntime, join_batches
 from fastdata.mixture._plan import MixtureOrder, MixturePlan, Segment, mixture_digest
+from fastdata.mixture._sources import check_policy, check_sources
 from fastdata.plan import MAX_SEED, EpochOrder, PlanConfig, PlanState, ShuffleMode
 from fastdata.prefetch import Prefetcher
 from fastdata.tokens import TokenDataset
@@ -80,7 +87,7 @@ class Mixture:
         epoch_samples: int | None = None,
         on_error: OnError | None = None,
     ) -> None:
-        self.sources: tuple[Dataset, ...] = _check_sources(sources)
+        self.sources: tuple[Dataset, ...] = check_sources(sources)
         self.blend = BlendWeights.of(weights, len(self.sources))
         self.seed = check_int("seed", seed, 0, MAX_SEED)
         self.lengths = tuple(len(s) for s in self.sources)
@@ -88,7 +95,7 @@ class Mixture:
         self.epoch_samples = (
             total if epoch_samples is None else check_int("epoch_samples", epoch_samples, 1)
         )
-        self.on_error: OnError = _check_policy(self.sources, on_error)
+        self.on_error: OnError = check_policy(self.sources, on_error)
         first = self.sources[0]
         self.config = first.config
         self.transform: Callable[[dict[str, Any]], Any] | None = None
@@ -576,100 +583,6 @@ class Mixture:
 def _source_seed(seed: int, source: int, own: int) -> int:
     words = np.random.SeedSequence([seed, source, own]).generate_state(4, np.uint32)
     return int(sum(int(w) << (32 * i) for i, w in enumerate(words.tolist())))
-
-
-def _signature(ds: Dataset) -> dict[str, str]:
-    """What a source's batches hold: field name -> kind (metadata names as ``meta``)."""
-    kinds = dict(ds.field_kinds)
-    if ds.fields is not None:
-        kinds = {k: v for k, v in kinds.items() if k in ds.fields}
-    for name in getattr(ds, "metadata", ()):
-        kinds[name] = "meta"
-    return kinds
-
-
-def _check_sources(sources: Any) -> tuple[Dataset, ...]:
-    if isinstance(sources, str | bytes | Dataset) or not isinstance(sources, Sequence):
-        raise ConfigError(
-            f"sources must be a sequence of fastdata.Dataset or TokenDataset, got {sources!r}"
-        )
-    if not sources:
-        raise ConfigError("sources must hold at least one dataset")
-    for i, s in enumerate(sources):
-        if not isinstance(s, Dataset):
-            raise ConfigError(
-                f"sources[{i}] must be a fastdata.Dataset or fastdata.TokenDataset, got "
-                f"{type(s).__name__}"
-            )
-    first = sources[0]
-    tokens = isinstance(first, TokenDataset)
-    for i, s in enumerate(sources[1:], start=1):
-        if isinstance(s, TokenDataset) != tokens:
-            raise ConfigError(
-                f"sources[0] is a {type(first).__name__} and sources[{i}] a "
-                f"{type(s).__name__}: a mixture blends datasets of one kind"
-            )
-        if tokens:
-            _check_tokens(first, s, i)
-        else:
-            _check_fields(first, s, i)
-        if (s.transform is None) != (first.transform is None):
-            raise ConfigError(
-                f"sources[0] {'has' if first.transform else 'has no'} transform and "
-                f"sources[{i}] {'has' if s.transform else 'has no'}: give every source a "
-                "transform (they may differ) or none, so that every batch is alike"
-            )
-    return tuple(sources)
-
-
-def _check_tokens(first: TokenDataset, other: TokenDataset, i: int) -> None:
-    a, b = first.blocks, other.blocks
-    if (a.block_size, a.length) != (b.block_size, b.length):
-        raise ConfigError(
-            f"sources[{i}] ({b.url}) has blocks of {b.block_size} tokens (length {b.length}) "
-            f"but sources[0] ({a.url}) of {a.block_size} (length {a.length}): give every "
-            "TokenDataset the same block_size and targets"
-        )
-    if first.out_dtype != other.out_dtype:
-        raise ConfigError(
-            f"sources[{i}] delivers {other.out_dtype} tokens and sources[0] {first.out_dtype}: "
-            "give every TokenDataset the same out_dtype"
-        )
-
-
-def _check_fields(first: Dataset, other: Dataset, i: int) -> None:
-    mine, theirs = _signature(first), _signature(other)
-    if mine == theirs:
-        return
-    missing = sorted(set(mine) - set(theirs))
-    extra = sorted(set(theirs) - set(mine))
-    kinds = sorted(k for k in set(mine) & set(theirs) if mine[k] != theirs[k])
-    parts = []
-    if missing:
-        parts.append(f"lacks {missing}")
-    if extra:
-        parts.append(f"has {extra} besides")
-    if kinds:
-        parts.append(
-            "has other kinds for " + ", ".join(f"{k!r} ({theirs[k]} vs {mine[k]})" for k in kinds)
-        )
-    raise ConfigError(
-        f"sources[{i}] ({other.index.url}) {'; '.join(parts)} compared with sources[0] "
-        f"({first.index.url}): select the same fields in every source (fields=, "
-        "metadata=, layout_options such as labels=)"
-    )
-
-
-def _check_policy(sources: Sequence[Dataset], on_error: OnError | None) -> OnError:
-    if on_error is not None:
-        return check_on_error(on_error)
-    policies = {s.on_error for s in sources}
-    if len(policies) > 1:
-        raise ConfigError(
-            f"the sources disagree on on_error ({sorted(policies)}): pass on_error= to the "
-            "Mixture, which applies it to every source"
-        )
-    return next(iter(policies))
 
 
 def _reordered(columns: Batch, order: list[int]) -> Batch:
