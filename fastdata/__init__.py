@@ -25,6 +25,7 @@ from fastdata.store import ByteRange, ObjectInfo, Store
 if TYPE_CHECKING:
     from fastdata.dataset import Dataset, VarTensor
     from fastdata.loader import DataLoader, LoaderStats, RankStepsWarning
+    from fastdata.mixture import Mixture
     from fastdata.tokens import TokenDataset
 
 __version__ = "0.1.0"
@@ -35,6 +36,7 @@ _LAZY = {
     "DataLoader": "fastdata.loader",
     "Dataset": "fastdata.dataset",
     "LoaderStats": "fastdata.loader",
+    "Mixture": "fastdata.mixture",
     "RankStepsWarning": "fastdata.loader",
     "TokenDataset": "fastdata.tokens",
     "VarTensor": "fastdata.dataset",
@@ -64,6 +66,7 @@ __all__ = [
     "FastdataConfig",
     "FastdataError",
     "LoaderStats",
+    "Mixture",
     "ObjectChangedError",
     "ObjectInfo",
     "ObjectNotFoundError",

@@ -18,7 +18,7 @@ from __future__ import annotations
 from fastdata.cache._source import SampleSource
 from fastdata.cache._stats import CacheStats
 from fastdata.cache._tiers import default_tiers
-from fastdata.cache.chain import ReadThroughCache
+from fastdata.cache.chain import ReadThroughCache, collate_across
 from fastdata.cache.lmdb import LmdbTier
 from fastdata.cache.ram import RamTier
 from fastdata.cache.tier import (
@@ -47,6 +47,7 @@ __all__ = [
     "RamTier",
     "ReadThroughCache",
     "SampleSource",
+    "collate_across",
     "Tier",
     "TierStats",
     "default_tiers",

@@ -34,6 +34,7 @@ write-behind thread.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -61,7 +62,7 @@ if TYPE_CHECKING:
     #: Sample ids as the public calls take them: any int sequence or a numpy integer array.
     SampleIds = Sequence[int] | npt.NDArray[np.integer[Any]]
 
-__all__ = ["ReadThroughCache"]
+__all__ = ["ReadThroughCache", "collate_across"]
 
 _CLOSE_FLUSH_S = 30.0
 """How long ``close()`` waits for the write-behind queue to drain (NOTE[write-behind])."""
@@ -273,28 +274,7 @@ class ReadThroughCache:
             ConfigError: Bad arguments.
             StoreError: The source could not provide a sample.
         """
-        ids = self._check_ids(sample_ids)
-        with self._get_many(ids, defer_verify=True) as lease:
-            try:
-                return record.collate(
-                    lease.buffers,
-                    fields=fields,
-                    alloc=alloc,
-                    verify=lease.unverified,
-                    sample_ids=ids,
-                    variable=variable,
-                )
-            except CorruptRecordError:
-                if not lease.unverified:
-                    raise
-                bad = record.verify_many(lease.buffers)
-                if not bad:
-                    raise
-        self.drop_corrupt([ids[i] for i in bad])
-        with self._get_many(ids, defer_verify=False) as lease:
-            return record.collate(
-                lease.buffers, fields=fields, alloc=alloc, sample_ids=ids, variable=variable
-            )
+        return collate_across([(self, sample_ids)], fields=fields, alloc=alloc, variable=variable)
 
     def _check_ids(self, sample_ids: SampleIds) -> list[int]:
         try:
@@ -429,3 +409,96 @@ class ReadThroughCache:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def collate_across(
+    parts: Sequence[tuple[ReadThroughCache, SampleIds]],
+    *,
+    fields: Sequence[str] | None = None,
+    alloc: Callable[[int], Any] = record.aligned_empty,
+    variable: Sequence[str] = (),
+    sample_ids: SampleIds | None = None,
+    order: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """:meth:`ReadThroughCache.collate_many` over the samples of several caches: one
+    gather of every part's records into one buffer (a ``fastdata.Mixture`` batch of
+    several sources costs no second copy), one cache call per part.
+
+    Args:
+        parts: ``(cache, sample ids)`` pairs.
+        fields, alloc, variable: As for :meth:`ReadThroughCache.collate_many`.
+        sample_ids: The names of the batch's records in errors, in batch order
+            (default: the parts' ids).
+        order: Batch position ``j`` holds record ``order[j]`` of the parts' records one
+            after another (default: the parts in order).
+
+    Raises:
+        CorruptRecordError: As for ``collate_many``; its ``sample_id`` is one of
+            ``sample_ids``.
+        ConfigError: Bad arguments.
+        StoreError: A source could not provide a sample.
+    """
+    checked = [(cache, cache._check_ids(ids)) for cache, ids in parts]
+    names: Any = sample_ids if sample_ids is not None else [i for _, ids in checked for i in ids]
+    in_parts: Any = names
+    if order is not None:
+        in_parts = [0] * len(order)
+        for j, i in enumerate(order):
+            in_parts[i] = names[j]
+
+    def ordered(leases: list[Lease]) -> list[Any]:
+        buffers = [b for lease in leases for b in lease.buffers]
+        return buffers if order is None else [buffers[i] for i in order]
+
+    with contextlib.ExitStack() as stack:
+        leases = _leases(stack, checked, in_parts, defer_verify=True)
+        buffers = ordered(leases)
+        unverified = any(lease.unverified for lease in leases)
+        try:
+            return record.collate(
+                buffers,
+                fields=fields,
+                alloc=alloc,
+                verify=unverified,
+                sample_ids=names,
+                variable=variable,
+            )
+        except CorruptRecordError:
+            if not unverified:
+                raise
+            bad = set(record.verify_many(buffers))
+            if not bad:
+                raise
+    if order is not None:
+        bad = {order[j] for j in bad}
+    at = 0
+    for cache, ids in checked:
+        cache.drop_corrupt([i for j, i in enumerate(ids) if at + j in bad])
+        at += len(ids)
+    with contextlib.ExitStack() as stack:
+        leases = _leases(stack, checked, in_parts, defer_verify=False)
+        return record.collate(
+            ordered(leases), fields=fields, alloc=alloc, sample_ids=names, variable=variable
+        )
+
+
+def _leases(
+    stack: contextlib.ExitStack[Any],
+    checked: list[tuple[ReadThroughCache, list[int]]],
+    names: Any,
+    *,
+    defer_verify: bool,
+) -> list[Lease]:
+    """Every part's lease, held by ``stack``; a sample that cannot be read is named in
+    the error by its entry of ``names`` (a part names its own ids)."""
+    leases: list[Lease] = []
+    at = 0
+    for cache, ids in checked:
+        try:
+            leases.append(stack.enter_context(cache._get_many(ids, defer_verify=defer_verify)))
+        except CorruptRecordError as exc:
+            if exc.sample_id is not None and exc.sample_id in ids:
+                exc.sample_id = int(names[at + ids.index(exc.sample_id)])
+            raise
+        at += len(ids)
+    return leases

@@ -36,25 +36,30 @@ from fastdata.dataset._batch import (
     check_on_error,
     split_batch,
 )
+from fastdata.dataset._batch import _to_torch as to_torch
 from fastdata.dataset._dataset import Dataset
-from fastdata.dataset._fetch import grouped
+from fastdata.dataset._fetch import Peeked, SplitBatches, grouped, make_fetch
 from fastdata.dataset._runtime import DatasetRuntime, SourceIndex
 
 __all__ = [
-    "ID_KEY",
     "BaseDataset",
     "Batch",
     "Dataset",
     "DatasetRuntime",
+    "ID_KEY",
     "OnError",
+    "Peeked",
     "SkippedBatch",
     "SourceIndex",
+    "SplitBatches",
     "VarTensor",
     "check_on_error",
     "close_open_datasets",
     "distributed_world",
     "grouped",
+    "make_fetch",
     "merge_config",
     "shuffle_mode",
     "split_batch",
+    "to_torch",
 ]

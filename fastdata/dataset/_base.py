@@ -113,6 +113,15 @@ class BaseDataset(IterableDataset[Any], Generic[RuntimeT]):
         """Sample ``sample_id`` and where it lives, for error notes and logs."""
         raise NotImplementedError
 
+    def _variable(self) -> list[str]:
+        """The array fields the schema calls variable-length (NOTE[field-kinds])."""
+        return [name for name, kind in self.field_kinds.items() if kind == "var"]
+
+    def table_columns(self, sample_ids: np.ndarray) -> dict[str, Any]:
+        """What a batch of ``sample_ids`` takes from the sample table rather than the
+        records (a ``Dataset``'s index fields and metadata; nothing for a token corpus)."""
+        return {}
+
     def _open_runtime(self) -> RuntimeT:
         """This process's runtime, new (called under the runtime lock)."""
         raise NotImplementedError

@@ -256,15 +256,22 @@ class Dataset(BaseDataset[DatasetRuntime]):
                 if len(ids) == 0:
                     return SkippedBatch(skipped)  # type: ignore[return-value]
         batch: Batch = {name: _to_torch(value) for name, value in arrays.items()}
-        for name, values in self.index.index_fields(ids).items():
-            if self.fields is None or name in self.fields:
-                batch[name] = torch.from_numpy(values)
-        if "__key__" in self.metadata:
-            batch["__key__"] = self.index.object_keys(ids)
-        if "__member__" in self.metadata:
-            batch["__member__"] = self.index.member_names(ids)
+        batch.update(self.table_columns(ids))
         batch[ID_KEY] = torch.from_numpy(np.array(ids, dtype=np.int64))
         return batch
+
+    def table_columns(self, sample_ids: np.ndarray) -> dict[str, Any]:
+        """What a batch of ``sample_ids`` takes from the sample table rather than the
+        records: the index fields it selects (tensors) and its metadata (lists)."""
+        columns: dict[str, Any] = {}
+        for name, values in self.index.index_fields(sample_ids).items():
+            if self.fields is None or name in self.fields:
+                columns[name] = torch.from_numpy(values)
+        if "__key__" in self.metadata:
+            columns["__key__"] = self.index.object_keys(sample_ids)
+        if "__member__" in self.metadata:
+            columns["__member__"] = self.index.member_names(sample_ids)
+        return columns
 
     # -- bad samples (NOTE[bad-samples]) -------------------------------------------------
 
@@ -278,10 +285,6 @@ class Dataset(BaseDataset[DatasetRuntime]):
         elif self.index.layout.name == "tar":
             where += f", a tar sample of {int(row['aux'])} member(s)"
         return where + ")"
-
-    def _variable(self) -> list[str]:
-        """The array fields the schema calls variable-length (NOTE[field-kinds])."""
-        return [name for name, kind in self.field_kinds.items() if kind == "var"]
 
     def prefetch(
         self,

@@ -8,6 +8,7 @@ knows the dataset only through the callables it is given, so it imports no datas
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,8 +16,9 @@ import numpy as np
 import torch
 
 from fastdata.dataset._batch import ID_KEY, Batch, OnError, SkippedBatch, split_batch
+from fastdata.prefetch import Prefetcher, PrefetchStats
 
-__all__ = ["grouped", "make_fetch"]
+__all__ = ["Peeked", "SplitBatches", "grouped", "make_fetch"]
 
 
 def make_fetch(
@@ -128,3 +130,41 @@ class Peeked:
         close = getattr(self._batches, "close", None)
         if callable(close):
             close()
+
+
+class SplitBatches:
+    """A prefetcher of lists of batches, handed out one batch at a time: what
+    ``TokenDataset.prefetch`` (NOTE[token-groups]) and ``Mixture.prefetch`` return when
+    a task gathers several planned batches. ``stats()`` counts tasks, not batches."""
+
+    def __init__(self, prefetcher: Prefetcher[np.ndarray, list[Any]]) -> None:
+        self._prefetcher = prefetcher
+        self._ready: deque[Any] = deque()
+
+    def __iter__(self) -> SplitBatches:
+        return self
+
+    def __next__(self) -> Any:
+        while not self._ready:
+            self._ready.extend(next(self._prefetcher))
+        return self._ready.popleft()
+
+    def __enter__(self) -> SplitBatches:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether the prefetcher has stopped."""
+        return self._prefetcher.closed
+
+    def close(self) -> None:
+        """Stop the prefetcher and drop the batches not handed out. Idempotent."""
+        self._ready.clear()
+        self._prefetcher.close()
+
+    def stats(self) -> PrefetchStats:
+        """The prefetcher's stats (in tasks of several batches)."""
+        return self._prefetcher.stats()

@@ -14,6 +14,9 @@ Its modules, one job each:
 - ``_rank_steps.py``: equal step counts across ranks (:class:`RankStepsWarning`);
 - ``_cuda_copy.py``: the copy of a batch to a CUDA device;
 - ``_metrics.py``: Prometheus metrics (the optional ``metrics`` extra).
+
+``merge_stats`` (the workers' counters added up) is a seam for ``fastdata.mixture``, whose
+batches gather from several sources' caches.
 """
 
 from __future__ import annotations
@@ -21,5 +24,6 @@ from __future__ import annotations
 from fastdata.loader._loader import DataLoader
 from fastdata.loader._rank_steps import RankStepsWarning
 from fastdata.loader._stats import LoaderStats
+from fastdata.loader._worker_proc import merge_stats
 
-__all__ = ["DataLoader", "LoaderStats", "RankStepsWarning"]
+__all__ = ["DataLoader", "LoaderStats", "RankStepsWarning", "merge_stats"]

@@ -52,7 +52,6 @@ import torch
 
 from fastdata.config import check_int
 from fastdata.dataset import (
-    BaseDataset,
     OnError,
     SkippedBatch,
     check_on_error,
@@ -62,8 +61,8 @@ from fastdata.errors import ConfigError
 from fastdata.loader import _worker_proc as _workers
 from fastdata.loader._cuda_copy import check_device, to_device
 from fastdata.loader._rank_steps import RankSteps, RankStepsWarning, dataset_tag
-from fastdata.loader._state import check_state, dump_state
-from fastdata.loader._stats import CacheStatsDict, LoaderStats, StoreStatsDict
+from fastdata.loader._state import OwnStateDataset, check_state, dump_state, is_planned
+from fastdata.loader._stats import CacheStatsDict, LoaderStats, SourceCounts, StoreStatsDict
 from fastdata.loader._worker_pool import WorkerProcesses, flatten
 from fastdata.plan import EpochPlan, PlanState
 from fastdata.prefetch.meter import WaitMeter
@@ -153,7 +152,7 @@ class DataLoader:
         # The running epoch, weakly: a loop that breaks out drops the last reference and
         # garbage collection closes it, as with torch's DataLoader.
         self._active: weakref.ref[Generator[Any, None, None]] | None = None
-        if not isinstance(dataset, BaseDataset):
+        if not is_planned(dataset):
             extras = {"device": device, "world_size": world_size, "rank": rank}
             extras["metrics_port"] = metrics_port
             extras["on_error"] = on_error
@@ -410,9 +409,7 @@ class DataLoader:
 
     def _reset_timing(self) -> None:
         self._skipped_whole = 0
-        self._skipped_at_start = (
-            self.dataset.skipped_samples if isinstance(self.dataset, BaseDataset) else 0
-        )
+        self._skipped_at_start = self.dataset.skipped_samples if self._torch is None else 0
         self._started_s = 0.0
         self._last_s = 0.0
         self._waits = WaitMeter()
@@ -461,6 +458,8 @@ class DataLoader:
             strict=strict,
         )
         self._close_active()
+        if isinstance(self.dataset, OwnStateDataset):
+            self._stop_workers()  # they restart with the dataset as the state left it
         self._epoch = plan_state.epoch
         self._resume_cursor = plan_state.cursor
         self._plan = None
@@ -507,6 +506,7 @@ class DataLoader:
                 if self.num_workers == 0
                 else self._skipped_whole
             ),
+            source_samples=plan.source_samples(steps) if isinstance(plan, SourceCounts) else (),
         )
 
     def close(self) -> None:
@@ -519,7 +519,7 @@ class DataLoader:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server = None
-        if isinstance(self.dataset, BaseDataset):
+        if self._torch is None:
             self.dataset.close()
 
     def __enter__(self) -> DataLoader:

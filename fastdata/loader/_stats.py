@@ -10,9 +10,17 @@ say which keys they hold. Their keys are the fields of ``fastdata.cache.CacheSta
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, Protocol, TypedDict, runtime_checkable
 
-__all__ = ["CacheStatsDict", "LatencyDict", "LoaderStats", "StoreStatsDict"]
+__all__ = ["CacheStatsDict", "LatencyDict", "LoaderStats", "SourceCounts", "StoreStatsDict"]
+
+
+@runtime_checkable
+class SourceCounts(Protocol):
+    """A plan over several sources (``fastdata.Mixture``'s): samples per source in this
+    rank's first ``steps`` batches."""
+
+    def source_samples(self, steps: int) -> tuple[int, ...]: ...
 
 
 class LatencyDict(TypedDict):
@@ -97,3 +105,6 @@ class LoaderStats:
     """Samples of this epoch left out under ``on_error="skip"`` (NOTE[bad-samples]);
     counted in this process (threads), so with worker processes it counts only
     batches lost whole."""
+    source_samples: tuple[int, ...] = ()
+    """A ``fastdata.Mixture``: samples of each source (in source order) in the batches
+    handed out in this epoch (planned samples; skipped ones included); ``()`` otherwise."""

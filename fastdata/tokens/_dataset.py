@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any, Literal, cast
@@ -28,6 +27,7 @@ from fastdata.dataset import (
     DatasetRuntime,
     OnError,
     SkippedBatch,
+    SplitBatches,
     check_on_error,
     merge_config,
     shuffle_mode,
@@ -36,7 +36,7 @@ from fastdata.dataset import grouped as _grouped
 from fastdata.errors import ConfigError, CorruptRecordError
 from fastdata.index import open_index
 from fastdata.plan import EpochOrder, EpochPlan, PlanConfig, ShuffleMode
-from fastdata.prefetch import Prefetcher, PrefetchStats
+from fastdata.prefetch import Prefetcher
 from fastdata.spec import DatasetSpec
 from fastdata.store import normalize_url
 from fastdata.tokens._blocks import DEFAULT_CHUNK_BYTES, TOKENS, BlockIndex
@@ -357,22 +357,14 @@ class TokenDataset(BaseDataset[_TokenRuntime]):
     ) -> Prefetcher[np.ndarray, Any]:
         """As :meth:`fastdata.Dataset.prefetch`; the hint announces the chunks of the
         coming batches (about two windows ahead) to the chunk reader and the cache."""
-        runtime = self.runtime()
         blocks = self.blocks
         # A global shuffle over more chunks than the arena holds needs a chunk per block:
         # read-ahead and keeping what a batch reads would copy whole chunks for single
         # blocks (ChunkReader.keep_misses).
-        walks = plan.order.config.shuffle != "global"
-        walks = walks or blocks.num_chunks <= runtime.chunks.capacity
-        runtime.chunks.keep_misses = walks
+        walks = self.prepare_walk(plan.order.config.shuffle)
 
         def hint(upcoming: list[np.ndarray]) -> None:
-            chunks = np.concatenate(upcoming) // blocks.chunk_blocks
-            unique, first = np.unique(chunks, return_index=True)
-            ordered = unique[np.argsort(first, kind="stable")].tolist()
-            if walks:
-                runtime.chunks.readahead(ordered)
-            runtime.cache.hint(ordered)
+            self.hint_blocks(np.concatenate(upcoming), walks=walks)
 
         batches: Iterator[np.ndarray] = plan.batches_for_worker(worker_id, num_workers)
         per_task = self._batches_per_task(plan, group, unbatch, collate_fn)
@@ -396,7 +388,26 @@ class TokenDataset(BaseDataset[_TokenRuntime]):
             batches, fetch, config=replace(settings, hint_batches=horizon), hint=hint
         )
         self._prefetchers.add(prefetcher)
-        return prefetcher if per_task == 1 else _Split(prefetcher)  # type: ignore[return-value]
+        return prefetcher if per_task == 1 else SplitBatches(prefetcher)  # type: ignore[return-value]
+
+    def prepare_walk(self, shuffle: ShuffleMode) -> bool:
+        """Whether an order of ``shuffle`` walks chunks (so read-ahead and keeping what a
+        batch reads pay off), set on this process's chunk reader; returned for the hint."""
+        runtime = self.runtime()
+        walks = shuffle != "global" or self.blocks.num_chunks <= runtime.chunks.capacity
+        runtime.chunks.keep_misses = walks
+        return walks
+
+    def hint_blocks(self, block_ids: np.ndarray, *, walks: bool) -> None:
+        """Announce the chunks of the coming blocks, in first-use order, to the cache and
+        (``walks``: an order that walks chunks) to the chunk reader's read-ahead."""
+        runtime = self.runtime()
+        chunks = np.asarray(block_ids, dtype=np.int64) // self.blocks.chunk_blocks
+        unique, first = np.unique(chunks, return_index=True)
+        ordered = unique[np.argsort(first, kind="stable")].tolist()
+        if walks:
+            runtime.chunks.readahead(ordered)
+        runtime.cache.hint(ordered)
 
     def _batches_per_task(
         self,
@@ -435,44 +446,6 @@ class TokenDataset(BaseDataset[_TokenRuntime]):
                 out.append({TOKENS: tokens[row : row + n], ID_KEY: ids[row : row + n]})
             row += n
         return out
-
-
-class _Split:
-    """A prefetcher of lists of batches, handed out one batch at a time: what
-    :meth:`TokenDataset.prefetch` returns when a task gathers several (NOTE[token-groups]).
-    ``stats()`` counts tasks, not batches."""
-
-    def __init__(self, prefetcher: Prefetcher[np.ndarray, list[Any]]) -> None:
-        self._prefetcher = prefetcher
-        self._ready: deque[Any] = deque()
-
-    def __iter__(self) -> _Split:
-        return self
-
-    def __next__(self) -> Any:
-        while not self._ready:
-            self._ready.extend(next(self._prefetcher))
-        return self._ready.popleft()
-
-    def __enter__(self) -> _Split:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    @property
-    def closed(self) -> bool:
-        """Whether the prefetcher has stopped."""
-        return self._prefetcher.closed
-
-    def close(self) -> None:
-        """Stop the prefetcher and drop the batches not handed out. Idempotent."""
-        self._ready.clear()
-        self._prefetcher.close()
-
-    def stats(self) -> PrefetchStats:
-        """The prefetcher's stats (in tasks of several batches)."""
-        return self._prefetcher.stats()
 
 
 @functools.cache
