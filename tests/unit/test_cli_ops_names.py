@@ -57,7 +57,10 @@ def test_clear_takes_a_unique_prefix_of_the_id_stats_prints(
     stats = invoke(["stats", "--cache-dir", str(config.cache.dir), "--json"])
     shown = [d["dataset_id"] for d in json.loads(stats.stdout)["datasets"]]
     assert sorted(shown) == sorted([a.dataset_id, b.dataset_id])
-    prefix = shortest_unique_prefix(shown, a.dataset_id)
+    # `clear --dataset` also takes a namespace id (the store's records, which stats lists
+    # too), so the prefix must be unique among both.
+    namespaces = [n["namespace"] for n in json.loads(stats.stdout)["namespaces"]]
+    prefix = shortest_unique_prefix(shown + namespaces, a.dataset_id)
     out = invoke(
         ["clear", "--dataset", prefix, "--cache-dir", str(config.cache.dir), "--yes", "--json"]
     )
