@@ -38,7 +38,7 @@ from fastdata.dataset._batch import (
 )
 from fastdata.dataset._batch import _to_torch as to_torch
 from fastdata.dataset._dataset import Dataset
-from fastdata.dataset._fetch import Peeked, SplitBatches, grouped, make_fetch
+from fastdata.dataset._fetch import Peeked, SplitBatches, gather_skipping, grouped, make_fetch
 from fastdata.dataset._runtime import DatasetRuntime, SourceIndex
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "check_on_error",
     "close_open_datasets",
     "distributed_world",
+    "gather_skipping",
     "grouped",
     "make_fetch",
     "merge_config",

@@ -58,9 +58,9 @@ from fastdata.dataset._batch import (
     _to_torch,
     check_on_error,
 )
-from fastdata.dataset._fetch import Peeked, grouped
+from fastdata.dataset._fetch import Peeked, gather_skipping, grouped
 from fastdata.dataset._runtime import DatasetRuntime
-from fastdata.errors import ConfigError, CorruptRecordError
+from fastdata.errors import ConfigError
 from fastdata.index import SampleIndex, open_index
 from fastdata.plan import EpochOrder, EpochPlan, PlanConfig, ShuffleMode, epoch_order
 from fastdata.prefetch import Prefetcher
@@ -234,27 +234,20 @@ class Dataset(BaseDataset[DatasetRuntime]):
         policy = self.on_error if on_error is None else check_on_error(on_error)
         runtime = self.runtime()
         ids = np.asarray(sample_ids, dtype=np.int64)
-        skipped: list[int] = []
-        while True:
-            try:
-                # Checksums in the gather's pass; corrupt cache entries refetched
-                # (NOTE[deferred-verify]).
-                arrays = runtime.cache.collate_many(
-                    ids, fields=self.fields, alloc=runtime.pool.acquire, variable=self._variable()
-                )
-                break
-            except CorruptRecordError as exc:
-                bad = exc.sample_id
-                if bad is None or not bool((ids == bad).any()):
-                    raise
-                self.note_sample(exc, bad, "reading")
-                if policy == "raise":
-                    raise
-                self._skip(bad, exc)
-                skipped.append(bad)
-                ids = ids[ids != bad]  # each pass drops one id, so this loop ends
-                if len(ids) == 0:
-                    return SkippedBatch(skipped)  # type: ignore[return-value]
+        # Checksums in the gather's pass; corrupt cache entries refetched
+        # (NOTE[deferred-verify]).
+        found = gather_skipping(
+            ids,
+            lambda ids: runtime.cache.collate_many(
+                ids, fields=self.fields, alloc=runtime.pool.acquire, variable=self._variable()
+            ),
+            policy=policy,
+            note_sample=self.note_sample,
+            skip=self._skip,
+        )
+        if isinstance(found, SkippedBatch):
+            return found  # type: ignore[return-value]
+        arrays, ids = found
         batch: Batch = {name: _to_torch(value) for name, value in arrays.items()}
         batch.update(self.table_columns(ids))
         batch[ID_KEY] = torch.from_numpy(np.array(ids, dtype=np.int64))

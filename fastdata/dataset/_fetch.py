@@ -10,15 +10,18 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from fastdata.dataset._batch import ID_KEY, Batch, OnError, SkippedBatch, split_batch
+from fastdata.errors import CorruptRecordError
 from fastdata.prefetch import Prefetcher, PrefetchStats
 
-__all__ = ["Peeked", "SplitBatches", "grouped", "make_fetch"]
+__all__ = ["Peeked", "SplitBatches", "gather_skipping", "grouped", "make_fetch"]
+
+T = TypeVar("T")
 
 
 def make_fetch(
@@ -168,3 +171,41 @@ class SplitBatches:
     def stats(self) -> PrefetchStats:
         """The prefetcher's stats (in tasks of several batches)."""
         return self._prefetcher.stats()
+
+
+def gather_skipping(
+    ids: np.ndarray,
+    gather: Callable[[np.ndarray], T],
+    *,
+    policy: OnError,
+    note_sample: Callable[[BaseException, int, str], None],
+    skip: Callable[[int, BaseException], None],
+) -> tuple[T, np.ndarray] | SkippedBatch:
+    """``gather(ids)``, leaving out under ``on_error="skip"`` each sample whose record
+    cannot be read (NOTE[bad-samples]): the first failing sample is named (its note),
+    skipped and the rest gathered again, so each pass drops one id and the loop ends.
+
+    Returns:
+        ``(what gather returned, the ids it gathered)``, or a :class:`SkippedBatch` when
+        every sample was left out.
+
+    Raises:
+        CorruptRecordError: With ``policy="raise"``, or when the error names no sample
+            of ``ids`` (the batch as a whole failed).
+    """
+    skipped: list[int] = []
+    while True:
+        try:
+            return gather(ids), ids
+        except CorruptRecordError as exc:
+            bad = exc.sample_id
+            if bad is None or not bool((ids == bad).any()):
+                raise
+            note_sample(exc, bad, "reading")
+            if policy == "raise":
+                raise
+            skip(bad, exc)
+            skipped.append(bad)
+            ids = ids[ids != bad]
+            if len(ids) == 0:
+                return SkippedBatch(skipped)

@@ -36,11 +36,12 @@ from fastdata.dataset import (
     SkippedBatch,
     SplitBatches,
     check_on_error,
+    gather_skipping,
     grouped,
     make_fetch,
     to_torch,
 )
-from fastdata.errors import ConfigError, CorruptRecordError
+from fastdata.errors import ConfigError
 from fastdata.mixture import _state
 from fastdata.mixture._blend import BlendWeights
 from fastdata.mixture._fetch import SOURCE_KEY, MergedRuntime, join_batches, reordered
@@ -379,32 +380,26 @@ class Mixture:
         raised or, with ``"skip"``, left out as ``Dataset.fetch_batch`` does
         (NOTE[bad-samples])."""
         first = self.sources[0]
-        skipped: list[int] = []
-        while True:
+
+        def collate(ids: np.ndarray) -> tuple[Any, np.ndarray, Any, Any]:
             source = self.source_of(ids)
             parts, order = self._parts(ids, source)
-            try:
-                arrays = collate_across(
-                    [(self.sources[k].runtime().cache, part) for k, part in parts],
-                    fields=first.fields,
-                    alloc=first.runtime().pool.acquire,
-                    variable=self._variable,
-                    sample_ids=ids,
-                    order=order,
-                )
-                break
-            except CorruptRecordError as exc:
-                bad = exc.sample_id
-                if bad is None or not bool((ids == bad).any()):
-                    raise
-                self.note_sample(exc, bad, "reading")
-                if policy == "raise":
-                    raise
-                self._skip(bad, exc)
-                skipped.append(bad)
-                ids = ids[ids != bad]  # each pass drops one id, so this loop ends
-                if len(ids) == 0:
-                    return SkippedBatch(skipped)  # type: ignore[return-value]
+            arrays = collate_across(
+                [(self.sources[k].runtime().cache, part) for k, part in parts],
+                fields=first.fields,
+                alloc=first.runtime().pool.acquire,
+                variable=self._variable,
+                sample_ids=ids,
+                order=order,
+            )
+            return arrays, source, parts, order
+
+        found = gather_skipping(
+            ids, collate, policy=policy, note_sample=self.note_sample, skip=self._skip
+        )
+        if isinstance(found, SkippedBatch):
+            return found  # type: ignore[return-value]
+        (arrays, source, parts, order), ids = found
         batch: Batch = {name: to_torch(value) for name, value in arrays.items()}
         columns = join_batches(
             [self.sources[k].table_columns(part) for k, part in parts],
