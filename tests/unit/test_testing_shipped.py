@@ -35,7 +35,11 @@ def test_a_tier_outside_fastdata_runs_the_shipped_contract(tmp_path: Path) -> No
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"],
         cwd=tmp_path,
         # Not our run's options (CI's --allowed-skips is an option of our conftest only).
-        env={k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"},
+        env={
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("PYTEST_ADDOPTS", "FASTDATA_TEST_ALLOWED_SKIPS")
+        },
         capture_output=True,
         text=True,
         timeout=300,
