@@ -5,7 +5,7 @@
 * ``s3_bucket``: a fresh, DNS-valid bucket on that server for one test.
 * ``moto_server`` (session) / ``moto_bucket``: moto's ThreadedMotoServer on port 0, reset
   between tests; for fast store-layer unit tests only.
-* ``--allowed-skips FILE`` (or ``FASTDATA_TEST_ALLOWED_SKIPS=FILE``, what CI sets): the
+* ``--allowed-skips FILE`` (or ``PYTEST_ALLOWED_SKIPS=FILE``, what CI sets): the
   run fails if a test skips for a reason that matches no pattern in FILE (CI passes
   ``.ci/allowed-skips``: a skip there is a lost test).
 """
@@ -64,7 +64,7 @@ class _SkipGate:
 def pytest_configure(config: pytest.Config) -> None:
     # The option, else the environment (what .ci/run sets: the README's plain `pytest`
     # parses PYTEST_ADDOPTS before this file defines the option).
-    path = config.getoption("--allowed-skips") or os.environ.get("FASTDATA_TEST_ALLOWED_SKIPS")
+    path = config.getoption("--allowed-skips") or os.environ.get("PYTEST_ALLOWED_SKIPS")
     # The controller sees every report; an xdist worker leaves the gate to it.
     if path is not None and not hasattr(config, "workerinput"):
         with open(path, encoding="utf-8") as f:

@@ -38,7 +38,7 @@ def test_a_tier_outside_fastdata_runs_the_shipped_contract(tmp_path: Path) -> No
         env={
             k: v
             for k, v in os.environ.items()
-            if k not in ("PYTEST_ADDOPTS", "FASTDATA_TEST_ALLOWED_SKIPS")
+            if k not in ("PYTEST_ADDOPTS", "PYTEST_ALLOWED_SKIPS")
         },
         capture_output=True,
         text=True,
