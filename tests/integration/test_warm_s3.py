@@ -362,7 +362,11 @@ def test_a_signal_mid_warm_commits_what_was_fetched_and_the_rerun_fetches_none_o
     index = open_ds(s3_bucket, cache_dir, proxy)
     before = cached_paths(index, cache_dir, source)
     fetched_before = {p for p, n in gets(proxy, s3_bucket.bucket, source).items() if n}
-    assert fetched_before == before  # everything fetched was committed
+    # Everything committed was fetched, and everything fetched was committed but the GETs
+    # held at the proxy when the run stopped (asked for, never answered: at most the
+    # run's 4 in flight). Those are fetched again by the rerun, once.
+    assert before <= fetched_before
+    assert len(fetched_before - before) <= 4, sorted(fetched_before - before)
     assert stopped["fetched"] == len(before) < OBJECTS
     assert f"{len(before)} of {OBJECTS} selected samples are cached" in lines[0]
     counts_before = gets(proxy, s3_bucket.bucket, source)
