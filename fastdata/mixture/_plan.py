@@ -28,7 +28,7 @@ import numpy as np
 from fastdata.config import check_int
 from fastdata.errors import ConfigError
 from fastdata.mixture._blend import BlendWeights, walk_segment
-from fastdata.plan import EpochOrder, PlanConfig, PlanState
+from fastdata.plan import EpochOrder, PlanConfig, PlanState, cursor_after, state_after
 
 __all__ = ["MixtureOrder", "MixturePlan", "Segment", "mixture_digest"]
 
@@ -273,19 +273,11 @@ class MixturePlan:
 
     def cursor_after(self, steps: int) -> int:
         """The cursor once this rank has consumed ``steps`` batches of this plan."""
-        steps = check_int("steps", steps, 0, self.num_batches)
-        if steps == self.num_batches:
-            return self.order.num_samples
-        return self.cursor + steps * self.samples_per_step
+        return cursor_after(self, steps)
 
     def state_after(self, steps: int) -> PlanState:
         """The :class:`PlanState` after ``steps`` batches (the mixture adds its streams)."""
-        return PlanState(
-            epoch=self.order.epoch,
-            cursor=self.cursor_after(steps),
-            num_samples=self.order.num_samples,
-            digest=self.order.digest,
-        )
+        return state_after(self, steps)
 
 
 def source_seed(seed: int, source: int, own: int) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from fastdata.plan._order import MAX_SAMPLES, MAX_SEED, ORDER_VERSION, EpochOrder, PlanConfig
 from fastdata.plan._order import ShuffleMode as ShuffleMode
-from fastdata.plan._plan import EpochPlan, PlanState
+from fastdata.plan._plan import EpochPlan, PlanState, SteppedPlan, cursor_after, state_after
 from fastdata.plan._walk import WALK_CHUNKS, WALK_WINDOW_BYTES, WalkSource, epoch_order
 
 __all__ = [
@@ -30,6 +30,9 @@ __all__ = [
     "PlanConfig",
     "PlanState",
     "ShuffleMode",
+    "SteppedPlan",
     "WalkSource",
+    "cursor_after",
     "epoch_order",
+    "state_after",
 ]

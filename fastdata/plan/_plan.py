@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -277,16 +277,48 @@ class EpochPlan:
         Raises:
             ConfigError: ``steps`` is not in ``0 .. num_batches``.
         """
-        steps = _check_int("steps", steps, 0, self.num_batches)
-        if steps == self.num_batches:
-            return self.order.num_samples
-        return self.cursor + steps * self.samples_per_step
+        return cursor_after(self, steps)
 
     def state_after(self, steps: int) -> PlanState:
         """The :class:`PlanState` to checkpoint after ``steps`` batches of this plan."""
-        return PlanState(
-            epoch=self.order.epoch,
-            cursor=self.cursor_after(steps),
-            num_samples=self.order.num_samples,
-            digest=self.order.digest,
-        )
+        return state_after(self, steps)
+
+
+class _Ordered(Protocol):
+    epoch: int
+    num_samples: int
+    digest: str
+
+
+class SteppedPlan(Protocol):
+    """What the checkpoint arithmetic reads of a plan (``EpochPlan``, a mixture's plan):
+    global steps of ``samples_per_step`` positions from ``cursor`` over ``order``."""
+
+    cursor: int
+    samples_per_step: int
+
+    @property
+    def num_batches(self) -> int: ...
+
+    @property
+    def order(self) -> _Ordered: ...
+
+
+def cursor_after(plan: SteppedPlan, steps: int) -> int:
+    """The cursor once a rank has consumed ``steps`` batches of ``plan`` (the one rule
+    of NOTE[loader-resume]: ``num_samples`` after the last batch)."""
+    steps = _check_int("steps", steps, 0, plan.num_batches)
+    if steps == plan.num_batches:
+        return plan.order.num_samples
+    return plan.cursor + steps * plan.samples_per_step
+
+
+def state_after(plan: SteppedPlan, steps: int) -> PlanState:
+    """The :class:`PlanState` to checkpoint after ``steps`` batches of ``plan``."""
+    order = plan.order
+    return PlanState(
+        epoch=order.epoch,
+        cursor=cursor_after(plan, steps),
+        num_samples=order.num_samples,
+        digest=order.digest,
+    )
