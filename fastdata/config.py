@@ -286,8 +286,10 @@ class CacheConfig:
     writeback_bytes: int = 256 * 1024**2
     """Most record bytes read from the source that wait at once for their write into the
     LMDB tier, done by one background thread per cache so delivery never waits for it
-    (NOTE[write-behind] in fastdata/cache/_writeback.py); when the queue is full the reading
-    thread writes itself. 0 writes in the reading thread, when its lease is closed."""
+    (NOTE[write-behind] in fastdata/cache/_writeback.py); when the queue is full the records
+    that do not fit are delivered but not cached this epoch (``CacheStats.deferred``), so
+    the cache disk bounds how fast the cache fills, never how fast the epoch runs. 0 writes
+    in the reading thread, when its lease is closed (synchronous; delivery waits)."""
 
     def __post_init__(self) -> None:
         _require(

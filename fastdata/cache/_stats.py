@@ -35,8 +35,10 @@ class CacheStats:
     """Records the write-behind thread wrote (NOTE[write-behind])."""
     writeback_errors: int = counter()
     """Tier writes of the write-behind thread that failed (each one is logged)."""
-    writeback_inline: int = counter()
-    """Records the reading thread wrote itself because the write-behind queue was full."""
+    deferred: int = counter()
+    """Records read from the source and delivered but not cached, because the write-behind
+    queue was full (the cache disk is slower than the source; NOTE[admission-deferral] in
+    ``chain.py``): a later epoch or ``fastdata warm`` caches them."""
     source_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
     """Latency of ``source.read_samples`` plus encoding."""
 

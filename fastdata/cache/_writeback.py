@@ -5,8 +5,9 @@ its write into the slow tiers (LMDB: one writer, an fsync per commit) is queued 
 done by one background thread, so delivery never waits for it. The protocol:
 
 * :meth:`WriteBehind.submit` queues a batch if it fits in ``limit_bytes`` of queued
-  record bytes; when it does not fit it returns ``False`` and the caller writes the batch
-  itself, in its own thread (bounded memory, nothing dropped, no wait for room).
+  record bytes; when it does not fit it returns ``False`` and the caller does not cache
+  the batch this time (NOTE[admission-deferral] in ``chain.py``: bounded memory, no wait
+  for room, and the disk never sets the pace of delivery).
 * Until its write returns, a queued record is in the pending map, and
   :meth:`WriteBehind.lookup` serves it to a later read of the same key in this process
   (a warm second epoch stays warm even before the writer caught up).

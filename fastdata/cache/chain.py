@@ -14,8 +14,10 @@ the transfer retry of NOTE[transfer-retry]) ``_source.py``'s, the counters
 
 NOTE[chain-writeback]: records read from the source are written into the tiers when the
 caller closes the lease: the RAM tier in the caller's thread, the others by the cache's
-write-behind thread (NOTE[write-behind] in ``_writeback.py``; in the caller's thread too
-when its queue is full or ``CacheConfig.writeback_bytes`` is 0). Either way, after the
+write-behind thread (NOTE[write-behind] in ``_writeback.py``; in the caller's thread when
+``CacheConfig.writeback_bytes`` is 0). When the queue is full the records are not cached
+this time (NOTE[admission-deferral]): counted as ``deferred``, logged once per epoch, cached
+by a later epoch or ``fastdata warm``. Either way, after the
 tier leases of that call are closed, never while they are open. An LMDB lease holds the
 environment's gate (NOTE[lmdb-gate] in ``_gate.py``), and a write that needs a
 bigger map cannot wait for the resize while its own thread holds the gate: written under
@@ -35,6 +37,8 @@ write-behind thread.
 from __future__ import annotations
 
 import contextlib
+import logging
+import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +67,8 @@ if TYPE_CHECKING:
     SampleIds = Sequence[int] | npt.NDArray[np.integer[Any]]
 
 __all__ = ["ReadThroughCache", "collate_across"]
+
+_log = logging.getLogger(__name__)
 
 _CLOSE_FLUSH_S = 30.0
 """How long ``close()`` waits for the write-behind queue to drain (NOTE[write-behind])."""
@@ -134,6 +140,10 @@ class ReadThroughCache:
         self._writeback = WriteBehind(
             behind if limit else [], limit, self._stats, name="fastdata-writeback"
         )
+        # NOTE[admission-deferral]: logged once per epoch (a source's worth of samples).
+        self._deferral_lock = threading.Lock()
+        self._deferral_logged_at: int | None = None
+        self._deferred_since_log = 0
 
     def __getstate__(self) -> dict[str, Any]:
         return {"tiers": self._given_tiers, "source": self.source, "config": self.config}
@@ -201,10 +211,29 @@ class ReadThroughCache:
             tier.put_many(writes)
         if self._writeback.submit(writes):
             return
-        self._stats.add(writeback_inline=len(writes))
-        for tier in self.tiers:
-            if tier not in self._inline:
-                tier.put_many(writes)
+        # NOTE[admission-deferral]: the queue is full (the cache disk is slower than the
+        # source): these records are delivered, not cached this time; a later epoch or
+        # ``fastdata warm`` caches them. Writing them here would make delivery wait for
+        # the disk.
+        self._stats.add(deferred=len(writes))
+        samples = self._stats.read()[0]["samples"]
+        with self._deferral_lock:
+            self._deferred_since_log += len(writes)
+            last = self._deferral_logged_at
+            if last is not None and samples - last < len(self.source):
+                return
+            self._deferral_logged_at = samples
+            count, self._deferred_since_log = self._deferred_since_log, 0
+        _log.warning(
+            "cache of %s: %d record(s) read from the source were not cached this epoch: "
+            "the write-behind queue is full (CacheConfig.writeback_bytes=%d record bytes "
+            "wait for the cache disk, which is slower than the source); delivery does not "
+            "wait for the disk, and a later epoch or `fastdata warm` caches them "
+            "(CacheStats.deferred counts them)",
+            self.source.url,
+            count,
+            self.config.writeback_bytes,
+        )
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until every record read from the source so far is written into the tiers.

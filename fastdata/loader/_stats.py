@@ -44,7 +44,7 @@ class CacheStatsDict(TypedDict):
     corrupt_transfers: int
     writeback_records: int
     writeback_errors: int
-    writeback_inline: int
+    deferred: int
     source_latency: LatencyDict
 
 

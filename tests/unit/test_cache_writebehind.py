@@ -80,18 +80,54 @@ def test_close_flushes_the_queue(tmp_path: Path) -> None:
         assert source.reads == 1  # all five were written before close returned
 
 
-def test_a_full_queue_falls_back_to_writing_in_the_reading_thread(tmp_path: Path) -> None:
+def test_a_full_queue_defers_the_records_instead_of_waiting_for_the_disk(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 21 item 1: the write-behind never blocks delivery. The queue holds one batch;
+    # while the disk is stuck in its put, the next batches are delivered, not written by
+    # the reading thread (which would wait on the stuck disk), and counted as deferred.
+    source = FakeSource(40)
+    record = len(source.expected(0))
+    config = _config(tmp_path, writeback_bytes=10 * record)  # exactly one batch of 10 fits
+    tier = BlockingTier(config)
+    with ReadThroughCache([tier], source, config=config) as cache:
+        _read(cache, list(range(10)))
+        assert tier.entered.wait(30)  # the writer holds batch 0..9, blocked in put_many
+        caplog.clear()
+        for start in (10, 20, 30):  # an epoch's worth of batches that do not fit
+            ids = list(range(start, start + 10))
+            assert _read(cache, ids) == [source.expected(i) for i in ids]
+        assert tier.puts == 1  # only the writer thread ever called put_many
+        stats = cache.stats()
+        assert stats.deferred == 30
+        assert stats.writeback_records == 0
+        deferrals = [r for r in caplog.records if "not cached" in r.getMessage()]
+        assert len(deferrals) == 1  # once for the epoch, with the reason
+        assert "writeback_bytes" in deferrals[0].getMessage()
+        tier.release.set()
+        assert cache.flush(timeout_s=30)
+        assert tier.stats().entries == 10
+        # A later epoch, with room in the queue, caches what was deferred.
+        reads = source.reads
+        assert _read(cache, list(range(10, 20))) == [source.expected(i) for i in range(10, 20)]
+        assert source.reads == reads + 1
+        assert cache.flush(timeout_s=30)
+        assert tier.stats().entries == 20
+        _read(cache, list(range(10, 20)))
+        assert source.reads == reads + 1  # now served by the tier
+
+
+def test_writeback_bytes_zero_writes_in_the_reading_thread(tmp_path: Path) -> None:
     source = FakeSource(20)
-    config = _config(tmp_path, writeback_bytes=1)  # no batch fits: every write is inline
+    config = _config(tmp_path, writeback_bytes=0)  # synchronous: written before the read returns
     tier = BlockingTier(config)
     tier.release.set()
     with ReadThroughCache([tier], source, config=config) as cache:
         _read(cache, list(range(4)))
-        # Written before the read returned, by this thread.
         assert tier.puts == 1
         assert tier.stats().entries == 4
         stats = cache.stats()
-        assert (stats.writeback_inline, stats.writeback_records) == (4, 0)
+        assert (stats.deferred, stats.writeback_records) == (0, 0)
 
 
 def test_a_writer_error_is_logged_and_counted_never_raised(
