@@ -137,10 +137,10 @@ def run_cold(config: BenchConfig, data: BenchData, work: Path) -> tuple[SystemRu
         # NOTE[admission-deferral]: records the cache disk could not take during the cold
         # pass were delivered, not cached; the next epochs cache them (not measured), so
         # the warm passes read a full cache. Records deferred per epoch, cold pass first.
-        deferred = [passes.cache.get("deferred", 0)]
+        deferred = [passes.cache["deferred"]]
         while deferred[-1] and len(deferred) < _FILL_EPOCHS:
             passes.one()
-            deferred.append(passes.cache.get("deferred", 0) - sum(deferred))
+            deferred.append(passes.cache["deferred"] - sum(deferred))
         dataset.runtime().cache.flush()
     dataset, _ = open_dataset(data, second_dir, ram_bytes=_default_ram(), seed=config.seed)
     with dataset:

@@ -142,8 +142,7 @@ class ReadThroughCache:
         )
         # NOTE[admission-deferral]: logged once per epoch (a source's worth of samples).
         self._deferral_lock = threading.Lock()
-        self._deferral_logged_at: int | None = None
-        self._deferred_since_log = 0
+        self._deferral_logged_at: int | None = None  # the ``samples`` count then
 
     def __getstate__(self) -> dict[str, Any]:
         return {"tiers": self._given_tiers, "source": self.source, "config": self.config}
@@ -216,23 +215,21 @@ class ReadThroughCache:
         # ``fastdata warm`` caches them. Writing them here would make delivery wait for
         # the disk.
         self._stats.add(deferred=len(writes))
-        samples = self._stats.read()[0]["samples"]
+        counts = self._stats.read()[0]
         with self._deferral_lock:
-            self._deferred_since_log += len(writes)
             last = self._deferral_logged_at
-            if last is not None and samples - last < len(self.source):
+            if last is not None and counts["samples"] - last < len(self.source):
                 return
-            self._deferral_logged_at = samples
-            count, self._deferred_since_log = self._deferred_since_log, 0
+            self._deferral_logged_at = counts["samples"]
         _log.warning(
-            "cache of %s: %d record(s) read from the source were not cached this epoch: "
-            "the write-behind queue is full (CacheConfig.writeback_bytes=%d record bytes "
-            "wait for the cache disk, which is slower than the source); delivery does not "
-            "wait for the disk, and a later epoch or `fastdata warm` caches them "
-            "(CacheStats.deferred counts them)",
+            "cache of %s: records read from the source are not cached this epoch: the "
+            "write-behind queue is full (CacheConfig.writeback_bytes=%d record bytes wait "
+            "for the cache disk, which is slower than the source); delivery does not wait "
+            "for the disk, and a later epoch or `fastdata warm` caches them "
+            "(CacheStats.deferred counts them: %d so far)",
             self.source.url,
-            count,
             self.config.writeback_bytes,
+            counts["deferred"],
         )
 
     def flush(self, timeout_s: float | None = None) -> bool:
