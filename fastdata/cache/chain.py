@@ -15,9 +15,9 @@ the transfer retry of NOTE[transfer-retry]) ``_source.py``'s, the counters
 NOTE[chain-writeback]: records read from the source are written into the tiers when the
 caller closes the lease: the RAM tier in the caller's thread, the others by the cache's
 write-behind thread (NOTE[write-behind] in ``_writeback.py``; in the caller's thread when
-``CacheConfig.writeback_bytes`` is 0). When the queue is full the records are not cached
-this time (NOTE[admission-deferral]): counted as ``deferred``, logged once per epoch, cached
-by a later epoch or ``fastdata warm``. Either way, after the
+``CacheConfig.writeback_bytes`` is 0). When the queue is full the records are cached in no
+tier this time (NOTE[admission-deferral]): counted as ``deferred``, logged once per epoch,
+cached by a later epoch or ``fastdata warm``. Either way, after the
 tier leases of that call are closed, never while they are open. An LMDB lease holds the
 environment's gate (NOTE[lmdb-gate] in ``_gate.py``), and a write that needs a
 bigger map cannot wait for the resize while its own thread holds the gate: written under
@@ -206,14 +206,15 @@ class ReadThroughCache:
 
     def _write_back(self, writes: list[CacheItem]) -> None:
         """Records from the source into the tiers (NOTE[chain-writeback])."""
-        for tier in self._inline:
-            tier.put_many(writes)
         if self._writeback.submit(writes):
+            for tier in self._inline:
+                tier.put_many(writes)
             return
         # NOTE[admission-deferral]: the queue is full (the cache disk is slower than the
-        # source): these records are delivered, not cached this time; a later epoch or
-        # ``fastdata warm`` caches them. Writing them here would make delivery wait for
-        # the disk.
+        # source): these records are delivered and cached in no tier this time; a later
+        # epoch or ``fastdata warm`` caches them. Writing them here would make delivery
+        # wait for the disk; keeping them in the RAM tier alone would serve them from RAM
+        # to later epochs of this process, which then never write them to the node's disk.
         self._stats.add(deferred=len(writes))
         counts = self._stats.read()[0]
         with self._deferral_lock:

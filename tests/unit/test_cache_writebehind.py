@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fastdata.cache import LmdbTier, ReadThroughCache
+from fastdata.cache import LmdbTier, RamTier, ReadThroughCache
 from fastdata.cache.tier import CacheItem
 from fastdata.config import CacheConfig
 from fastdata.errors import ConfigError
@@ -115,6 +115,33 @@ def test_a_full_queue_defers_the_records_instead_of_waiting_for_the_disk(
         assert tier.stats().entries == 20
         _read(cache, list(range(10, 20)))
         assert source.reads == reads + 1  # now served by the tier
+
+
+def test_a_deferred_batch_is_cached_in_no_tier_so_the_node_cache_still_fills(
+    tmp_path: Path,
+) -> None:
+    # Seen in bench/deferral_bench.py: deferred records kept in the RAM tier were served
+    # from RAM by later epochs, never read again, so they never reached LMDB (14,848 of
+    # 16,384 after three epochs). A deferred batch goes into no tier; the next epoch reads
+    # it from the source and caches it in every tier.
+    source = FakeSource(20)
+    record = len(source.expected(0))
+    config = CacheConfig(
+        dir=str(tmp_path / "c"), ram_bytes=1024**2, min_free_bytes=0, writeback_bytes=10 * record
+    )
+    ram, disk = RamTier(config), BlockingTier(config)
+    with ReadThroughCache([ram, disk], source, config=config) as cache:
+        _read(cache, list(range(10)))
+        assert disk.entered.wait(30)
+        _read(cache, list(range(10, 20)))  # deferred: the queue holds 0..9
+        assert cache.stats().deferred == 10
+        disk.release.set()
+        assert cache.flush(timeout_s=30)
+        reads = source.reads
+        assert _read(cache, list(range(10, 20))) == [source.expected(i) for i in range(10, 20)]
+        assert source.reads == reads + 1  # not served from RAM: read again, and cached now
+        assert cache.flush(timeout_s=30)
+        assert disk.stats().entries == 20
 
 
 def test_writeback_bytes_zero_writes_in_the_reading_thread(tmp_path: Path) -> None:
