@@ -211,6 +211,11 @@ class StoreConfig:
     """Reads at least this long stream into one buffer, and a broken body resumes where it
     stopped (pinned to its ETag) instead of starting over; shorter reads are fetched whole
     into the client's own buffer, without a copy."""
+    range_part_bytes: int = 8 * 1024**2
+    """A ranged read pinned to an ETag and longer than twice this is fetched as concurrent
+    parts of this size, joined into one buffer (NOTE[range-parts] in
+    fastdata/store/_parts.py): one GET streams at one connection's speed, parts at the
+    store's. 0 never splits (an endpoint that ignores ``Range`` headers)."""
     verify_transfers: Literal["auto", "always", "never"] = "auto"
     """Check fetched bytes against the checksum the source gives for them
     (NOTE[store-verify] in fastdata/store/_verify.py; docs/store.md has the table).
@@ -225,6 +230,10 @@ class StoreConfig:
         _require(
             self.resume_min_bytes >= 1,
             f"resume_min_bytes must be at least 1, got {self.resume_min_bytes}",
+        )
+        _require(
+            type(self.range_part_bytes) is int and self.range_part_bytes >= 0,
+            f"range_part_bytes must be an int >= 0 (0: never split), got {self.range_part_bytes!r}",
         )
         _require(
             self.backend in ("auto", "obstore", "fsspec"),

@@ -233,6 +233,8 @@ class UnitReader:
                 "reopen the dataset with consistency='validate' (the default; "
                 "`--consistency validate` on the command line) to index its new version"
             ) from exc
+        if self.shared is not None:  # the store is free for the next range (NOTE[range-readahead])
+            self.shared.arrived()
         order = np.argsort(unit_of, kind="stable")
         bounds = np.searchsorted(unit_of[order], np.arange(len(requests) + 1))
         out: list[Sample | None] = [None] * len(ids)

@@ -354,9 +354,9 @@ class ParquetLayout:
                 raise corrupt(unit.path, start, "no row group starts here", sample_id=first_id)
             try:
                 table = reader.read_row_group(group, columns=meta.columns)
-                table = table.take(
-                    pa.array(unit.rows["aux"][picked].astype(np.int64), type=pa.int64())
-                )
+                rows = unit.rows["aux"][picked].astype(np.int64)
+                if len(rows) != table.num_rows or np.any(rows != np.arange(len(rows))):
+                    table = table.take(pa.array(rows, type=pa.int64()))  # else: every row, in order
                 at = (unit.sample_ids[picked], unit.rows["aux"][picked])
                 samples = self._samples(table, meta.outputs, unit.path, group, at)
             except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:

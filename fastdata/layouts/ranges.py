@@ -47,6 +47,10 @@ per plan, and only while the ranges in flight, the batches' own fetches included
 within ``READAHEAD_INFLIGHT_BYTES`` (or nothing is in flight): with 100 MB Parquet row
 groups, four read ahead at once shared the store with the first batch's own row group,
 whose wait became the whole window's (2.9 s for the first batch with shuffle off). A
+range counts as in flight only until its bytes arrive (the fetch calls
+:meth:`SharedRanges.arrived` before it decodes them): before, the next 100 MB row group's
+fetch waited for the previous one's decode, so fetch and decode never overlapped (issue
+21). A
 readahead that fails only gives up its claims: the batch that needs the range fetches
 it itself and sees its own error. Readahead is optional: a thread that
 cannot start (the process's thread limit) costs the read nothing, and readahead threads
@@ -105,7 +109,9 @@ READAHEAD_INFLIGHT_BYTES = READAHEAD_RANGES * CHUNK_BYTES
 """Readahead claims a range only while the ranges in flight, the batches' own fetches
 included, stay within this (64 MiB: the 8 ranges of 8 MiB of the range ceiling), or
 when nothing is in flight (NOTE[range-readahead]): 100 MB Parquet row groups are then
-fetched one after another, so a batch's own row group gets the store's bandwidth."""
+fetched one after another, so a batch's own row group gets the store's bandwidth. A
+range stops counting here once its bytes arrived (:meth:`SharedRanges.arrived`), while it
+decodes, so the next one is fetched during the decode."""
 
 Fetch = Callable[[list[int]], dict[int, dict[int, tuple[Any, int]]]]
 """Fetches whole ranges: ``{range id: {sample id: (sample, estimated bytes)}}``."""
@@ -142,6 +148,8 @@ class SharedRanges:
         self.kind = kind
         self.stop_ratio = stop_ratio
         self._lock = threading.Lock()
+        self._local = threading.local()
+        """``pending``: the in-flight count and bytes of the fill this thread runs."""
         self._ranges: dict[int, _Range] = {}  # insertion order = age
         self._bytes = 0
         self.served = 0
@@ -164,6 +172,8 @@ class SharedRanges:
         self._ahead_bytes = 0
         self._demand_bytes = 0
         """Estimated bytes of the ranges batches are fetching themselves."""
+        self._decoding_bytes = 0
+        """Estimated bytes of ranges that arrived and are being decoded (:meth:`arrived`)."""
         self._sizes: dict[int, int] = {}
         """Estimated bytes of each planned range."""
         self._ahead_threads = 0
@@ -173,6 +183,7 @@ class SharedRanges:
         """A forked child starts empty (NOTE[fork]): the parent's threads, claims and
         readahead do not exist here."""
         self._lock = threading.Lock()
+        self._local = threading.local()
         self._ranges = {}
         self._bytes = 0
         self._reset_ahead()
@@ -237,12 +248,10 @@ class SharedRanges:
         try:
             self._start_ahead(start)
             if mine:
+                self._local.pending = ("_demand_bytes", demand)
                 self._fill(mine, want, fetch, out)
         finally:
-            if demand:
-                with self._lock:
-                    self._demand_bytes -= demand
-                    self._room.notify_all()
+            self._settle("_demand_bytes", demand)
         for rid, kept in waits:
             kept.ready.wait(_WAIT_S)
             with self._lock:
@@ -290,7 +299,8 @@ class SharedRanges:
             if not self._plan:
                 return None
             flying = self._ahead_bytes + self._demand_bytes
-            if self._bytes + self._ahead_bytes <= limit and (
+            held = self._bytes + self._ahead_bytes + self._decoding_bytes
+            if held <= limit and (
                 not flying or flying + self._plan[0][1] <= READAHEAD_INFLIGHT_BYTES
             ):
                 break
@@ -303,8 +313,7 @@ class SharedRanges:
             if rid in self._ranges or rid in self._done:
                 continue
             if rids and (
-                self._bytes + self._ahead_bytes + nbytes + size > limit
-                or flying + nbytes + size > READAHEAD_INFLIGHT_BYTES
+                held + nbytes + size > limit or flying + nbytes + size > READAHEAD_INFLIGHT_BYTES
             ):
                 self._plan.appendleft((rid, size))
                 break
@@ -325,18 +334,45 @@ class SharedRanges:
                     return
                 rids, nbytes, fetch = job
                 try:
+                    self._local.pending = ("_ahead_bytes", nbytes)
                     self._fill(rids, {rid: [] for rid in rids}, fetch, {})
                     with self._lock:
                         self.read_ahead += len(rids)
                 except Exception:  # the batch that needs it fetches it again (see the NOTE)
                     logger.debug("readahead of %s %s failed", self.kind, rids, exc_info=True)
                 finally:
-                    with self._lock:
-                        self._ahead_bytes -= nbytes
-                        self._room.notify_all()
+                    self._settle("_ahead_bytes", nbytes)
         finally:
             with self._lock:
                 self._ahead_ended(1)
+
+    def arrived(self) -> None:
+        """The fetch running on this thread has its bytes and starts decoding them: its
+        ranges stop counting as in flight on the store (they count against the budget
+        until decoded), so the next planned range can be fetched while this one decodes
+        (NOTE[range-readahead]). A fetch that never calls it is in flight until decoded."""
+        pending = getattr(self._local, "pending", None)
+        if pending is None:
+            return
+        self._local.pending = None
+        counter, nbytes = pending
+        with self._lock:
+            setattr(self, counter, getattr(self, counter) - nbytes)
+            self._decoding_bytes += nbytes
+            self._room.notify_all()
+
+    def _settle(self, counter: str, nbytes: int) -> None:
+        """A fill of ``nbytes`` counted in ``counter`` ended: uncount it from ``counter``,
+        or from the decoding bytes when it :meth:`arrived`."""
+        pending, self._local.pending = getattr(self._local, "pending", None), None
+        if not nbytes:
+            return
+        with self._lock:
+            if pending is None:
+                self._decoding_bytes -= nbytes
+            else:
+                setattr(self, counter, getattr(self, counter) - nbytes)
+            self._room.notify_all()
 
     def _ahead_ended(self, count: int) -> None:
         """``count`` readahead threads are gone (lock held). With none left (the plan is

@@ -39,6 +39,7 @@ from fastdata.store._faults import OpContext
 from fastdata.store._fsspec import FsspecBackend
 from fastdata.store._job import ReadJob
 from fastdata.store._loop import LoopThread, process_loop
+from fastdata.store._parts import PartedReads
 from fastdata.store._retry import Counters, RetryEnv, RetryPolicy, retrying
 from fastdata.store._s3options import resolve_s3_endpoint
 from fastdata.store._types import ByteRange, ObjectInfo, StoreStats, glob_to_regex
@@ -311,19 +312,20 @@ class Store:
             return []
 
         async def run(proc: _Process) -> list[Buffer]:
-            results: list[Any] = [None] * len(reqs)
-            indices = iter(range(len(reqs)))
+            parted = PartedReads(reqs, self.config.range_part_bytes)  # NOTE[range-parts]
+            parts = parted.parts
+            indices = iter(range(len(parts)))
             backend, env = proc.backend, proc.env
 
             async def worker() -> None:
                 for i in indices:
-                    req = reqs[i]
+                    req = parts[i]
                     ctx = OpContext("get", self._target(req.path), req.etag, (req.start, req.end))
                     read = functools.partial(backend.read, ReadJob(req))
-                    results[i] = await retrying(read, ctx, env)
+                    parted.deliver(i, await retrying(read, ctx, env))
 
-            await _workers(worker, min(self.config.max_concurrency, len(reqs)))
-            return results
+            await _workers(worker, min(self.config.max_concurrency, len(parts)))
+            return parted.results()
 
         result: list[Buffer] = self._run(run)
         return result

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fastdata.layouts.ranges import SharedRanges
+from fastdata.layouts.ranges import READAHEAD_INFLIGHT_BYTES, SharedRanges
 from fastdata.plan import EpochOrder, PlanConfig
 
 ROWS = 10  # rows per range; range r holds ids r*10 .. r*10+9
@@ -303,3 +303,34 @@ def test_a_large_range_a_batch_is_fetching_is_not_shared_with_readahead() -> Non
     wait_for(lambda: memo.read_ahead == 3, "ranges 1-3 read ahead")
     # One at a time: each range read ahead started after the one before it ended.
     assert log == [(e, r) for r in range(4) for e in ("start", "end")]
+
+
+def test_the_next_range_is_fetched_while_the_one_that_arrived_decodes() -> None:
+    """Issue 21 item 2: a 100 MB row group was decoded before the next one's fetch could
+    start (it counted as in flight until decoded), so fetch and decode never overlapped.
+    A fetch that says its bytes ``arrived`` frees the store for the next range."""
+    big = READAHEAD_INFLIGHT_BYTES + 1  # one such range fills the in-flight allowance
+    second_started = threading.Event()
+    entered: list[int] = []
+
+    class Decoding(Fetcher):
+        def __call__(self, rids: list[int]) -> dict[int, dict[int, tuple[Any, int]]]:
+            entered.extend(rids)
+            if rids != [1]:
+                if 2 in rids:
+                    second_started.set()
+                return super().__call__(rids)
+            memo.arrived()  # the bytes of range 1 are in; it is decoding now
+            # still decoding range 1 when range 2's fetch must be able to start
+            assert second_started.wait(10), "range 2 was not fetched while range 1 decoded"
+            return super().__call__(rids)
+
+    memo = SharedRanges(budget=100 * big)
+    fetch = Decoding()
+    memo.plan_ahead([(r, big) for r in range(4)], fetch)
+    assert read(memo, [0], fetch) == [0]
+    wait_for(lambda: memo.read_ahead == 3, "three ranges read ahead")
+    assert entered[0] == 0
+    assert sorted(entered) == [0, 1, 2, 3]
+    assert memo._ahead_bytes == 0
+    assert memo._decoding_bytes == 0
