@@ -19,7 +19,15 @@ reads each through its own loader (docs/benchmark.md, "Side by side with other l
 * ``litdata``: LitData ``optimize`` (64 MiB chunks), read by ``StreamingDataset`` +
   ``StreamingDataLoader``;
 * ``mosaic``: Mosaic Streaming ``MDSWriter`` (64 MiB shards), read by ``StreamingDataset``
-  + ``StreamingDataLoader``.
+  + ``StreamingDataLoader``;
+* ``py-lmdb`` (the warm reference): the samples in a local LMDB, read one ``get`` per
+  sample by a map-style dataset through a torch ``DataLoader``;
+* ``obstore map`` (the cold reference for ``files``): a map-style dataset whose
+  ``__getitems__`` reads a batch's objects with obstore, 32 GETs in flight, no cache.
+
+A fastdata system's warm cell follows unmeasured fill epochs (at most ``FILL_EPOCHS``)
+until no record was deferred (NOTE[admission-deferral]), so it reads a full cache. Issue
+21's targets (``TARGETS_21``) are reported beside the older ones.
 
 Every system runs in a process of its own (spawned; nothing of another system's client,
 threads or shared memory is in it): cold (an empty client cache) then warm (the cache the
@@ -81,6 +89,22 @@ TARGETS = (
     ("fastdata parquet", "pyarrow", 1.2),
     ("fastdata files", "get_ceiling", 0.9),
 )
+#: Issue 21's targets: (system, state, workers, the cell or limit it is divided by,
+#: bound). A cell is named ``"<system>/<state>/w<workers>"``.
+TARGETS_21 = (
+    ("fastdata packed", "cold", 0, "pyarrow", 1.2),
+    ("fastdata packed", "cold", 0, "litdata/cold/w0", 1.5),
+    ("fastdata parquet", "cold", 0, "pyarrow", 1.0),
+    ("fastdata files", "cold", 0, "obstore map/nocache/w0", 1.0),
+    ("fastdata packed", "cold", 2, "litdata/cold/w2", 1.2),
+    ("fastdata packed", "warm", 0, "py-lmdb/warm/w0", 0.8),
+    ("fastdata files", "warm", 0, "py-lmdb/warm/w0", 0.8),
+)
+FIRST_BATCH_S = 0.5
+"""Issue 21: a cold Parquet epoch's first batch within this."""
+FILL_EPOCHS = 5
+"""Unmeasured epochs at most between a fastdata system's cold and warm cells, until
+nothing was deferred (NOTE[admission-deferral]): warm means the cache holds the data."""
 
 
 @dataclass(frozen=True)
@@ -174,6 +198,22 @@ SYSTEMS = (
         "WebDataset over HTTP with its shard cache; WebLoader",
         "webdataset",
         "webdataset",
+    ),
+)
+SYSTEMS += (
+    System(
+        "py-lmdb",
+        "a local LMDB of the same samples, py-lmdb through a torch DataLoader (reference)",
+        "lmdb",
+        "lmdb",
+        ("warm",),
+    ),
+    System(
+        "obstore map",
+        "map-style torch dataset over the objects, 32 GETs in flight per batch (no cache)",
+        "obstore",
+        "obstore",
+        ("nocache",),
     ),
 )
 BY_NAME = {s.name: s for s in SYSTEMS}
@@ -611,6 +651,109 @@ def pyarrow_opener(plan: dict[str, Any]) -> Opener:
     return open_
 
 
+class LmdbSamples:
+    """The reference: a map-style torch dataset, one py-lmdb ``get`` per sample."""
+
+    def __init__(self, path: str, count: int) -> None:
+        self.path, self.count = path, count
+        self._env: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_env": None}
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> tuple[bytes, int]:
+        import lmdb
+
+        if self._env is None:
+            self._env = lmdb.open(self.path, readonly=True, lock=False, readahead=False)
+        with self._env.begin(buffers=True) as txn:
+            value = txn.get(b"%08d" % i)
+            label = int.from_bytes(value[:8], "little")
+            return bytes(value[8:]), label
+
+
+def write_reference_lmdb(samples: Samples, work: Path) -> Path:
+    import lmdb
+
+    path = work / "reference-lmdb"
+    size = 2 * int(samples.offsets[-1]) + 2**30
+    with lmdb.open(str(path), map_size=size) as env, env.begin(write=True) as txn:
+        for i in range(len(samples)):
+            label = int(samples.labels[i]).to_bytes(8, "little")
+            txn.put(b"%08d" % i, label + samples.data(i).tobytes())
+    return path
+
+
+def lmdb_opener(plan: dict[str, Any]) -> Opener:
+    import torch.utils.data
+
+    def open_(state: str, workers: int, cache_dir: Path) -> Any:
+        dataset = LmdbSamples(plan["lmdb_path"], plan["expected"]["samples"])
+        for i in range(len(dataset)):  # the page cache holds it, as for every warm cell
+            dataset[i]
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_size=plan["batch_size"], num_workers=workers
+        )
+        return loader, lambda: None, tuple_measure
+
+    return open_
+
+
+class ObstoreMap:
+    """A hand-tuned map-style dataset over one object per sample: ``__getitems__`` reads
+    a batch's objects with obstore, 32 GETs in flight (no cache)."""
+
+    def __init__(self, endpoint: str, keys: list[str], labels: list[int]) -> None:
+        self.endpoint, self.keys, self.labels = endpoint, keys, labels
+        self._store: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_store": None}
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, i: int) -> tuple[bytes, int]:
+        return self.__getitems__([i])[0]
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[bytes, int]]:
+        import obstore
+
+        if self._store is None:
+            self._store = raw_store(self.endpoint)
+        gate = asyncio.Semaphore(32)
+
+        async def one(i: int) -> tuple[bytes, int]:
+            async with gate:
+                result = await obstore.get_async(self._store, self.keys[i])
+                return bytes(await result.bytes_async()), self.labels[i]
+
+        async def batch() -> list[tuple[bytes, int]]:
+            return list(await asyncio.gather(*(one(i) for i in indices)))
+
+        return asyncio.run(batch())
+
+
+def obstore_map_opener(plan: dict[str, Any]) -> Opener:
+    import torch.utils.data
+
+    def open_(state: str, workers: int, cache_dir: Path) -> Any:
+        dataset = ObstoreMap(plan["endpoint_url"], plan["files_keys"], plan["files_labels"])
+        # obstore's runtime does not survive a fork (NOTE[obstore-fork]): spawned workers.
+        loader = torch.utils.data.DataLoader(
+            dataset,
+            batch_size=plan["batch_size"],
+            num_workers=workers,
+            multiprocessing_context="spawn" if workers else None,
+        )
+        return loader, lambda: None, tuple_measure
+
+    return open_
+
+
 def litdata_opener(plan: dict[str, Any]) -> Opener:
     import litdata
     from litdata.streaming import downloader
@@ -714,6 +857,8 @@ def opener_for(plan: dict[str, Any], system: str) -> Opener:
     if system.startswith("fastdata "):
         return fastdata_opener(plan, system.split()[1])
     return {
+        "py-lmdb": lmdb_opener,
+        "obstore map": obstore_map_opener,
         "pyarrow": pyarrow_opener,
         "litdata": litdata_opener,
         "mosaic": mosaic_opener,
@@ -737,6 +882,8 @@ def system_cells(plan: dict[str, Any], system: str) -> Iterator[Cell]:
         for state in spec.states:
             if state != "warm":
                 shutil.rmtree(cache_dir, ignore_errors=True)
+            elif system.startswith("fastdata"):
+                fill_cache(lambda w=workers, d=cache_dir: open_("fill", w, d))
             yield run_cell(
                 plan,
                 system,
@@ -745,6 +892,22 @@ def system_cells(plan: dict[str, Any], system: str) -> Iterator[Cell]:
                 lambda s=state, w=workers, d=cache_dir: open_(s, w, d),
             )
         shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+def fill_cache(opener: Callable[[], tuple[Iterable[Any], Callable[[], None], Any]]) -> None:
+    """Epochs of a fastdata loader until none deferred a record (at most FILL_EPOCHS)."""
+    for epoch in range(1, FILL_EPOCHS + 1):
+        loader, close, _ = opener()
+        try:
+            for _ in loader:
+                pass
+            stats = loader.stats()  # type: ignore[attr-defined]
+        finally:
+            close()
+        deferred = int((stats.cache or {}).get("deferred", 0))
+        print(f"  fill epoch {epoch}: {deferred} records deferred", flush=True)
+        if not deferred:
+            return
 
 
 def system_child(plan: dict[str, Any], system: str, conn: Any) -> None:
@@ -972,6 +1135,33 @@ def check_targets(cells: list[Cell]) -> list[dict[str, Any]]:
     return out
 
 
+def check_targets_21(cells: list[Cell]) -> list[dict[str, Any]]:
+    """Issue 21's targets (``TARGETS_21``) and its first-batch bound, each met or not."""
+    named = {f"{c.system}/{c.state}/w{c.workers}": c for c in cells if c.ok and c.mb_per_s}
+    pyarrow = next((c for n, c in named.items() if n.startswith("pyarrow/")), None)
+    out = []
+    for system, state, workers, against, bound in TARGETS_21:
+        cell = named.get(f"{system}/{state}/w{workers}")
+        base = pyarrow if against == "pyarrow" else named.get(against)
+        value = None if cell is None or base is None else cell.mb_per_s / base.mb_per_s
+        out.append(
+            {
+                "target": f"{system} {state} w{workers} / {against} >= {bound}",
+                "value": value,
+                "met": value is not None and value >= bound,
+            }
+        )
+    cold = named.get("fastdata parquet/cold/w0")
+    out.append(
+        {
+            "target": f"fastdata parquet cold first batch <= {FIRST_BATCH_S} s",
+            "value": None if cold is None else cold.ttfb_s,
+            "met": cold is not None and cold.ttfb_s <= FIRST_BATCH_S,
+        }
+    )
+    return out
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -1134,6 +1324,11 @@ def main(argv: list[str] | None = None) -> int:
             | {"tar": f"{root}/wds"},
             "names": names,
             "packed_shards": shards,
+            "files_keys": [f"files/c{samples.labels[i]}/{i:07d}.bin" for i in range(len(samples))],
+            "files_labels": samples.labels.tolist(),
+            "lmdb_path": (
+                str(write_reference_lmdb(samples, work)) if "py-lmdb" in systems else None
+            ),
             "start_method": multiprocessing.get_start_method(),
         }
         say("limits: obstore GET and range ceilings")
@@ -1157,7 +1352,7 @@ def main(argv: list[str] | None = None) -> int:
         "skipped": skipped,
         "limits": limits,
         "cells": [asdict(c) for c in cells],
-        "targets": check_targets(cells),
+        "targets": check_targets(cells) + check_targets_21(cells),
         "total_s": time.perf_counter() - started,
     }
     print_report(result)
