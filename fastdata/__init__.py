@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fastdata.config import CacheConfig, FastdataConfig, PrefetchConfig, StoreConfig
+from fastdata.config import (
+    CacheConfig,
+    ClusterConfig,
+    FastdataConfig,
+    PrefetchConfig,
+    StoreConfig,
+)
 from fastdata.errors import (
     AccessDeniedError,
     CacheError,
@@ -59,6 +65,7 @@ __all__ = [
     "ByteRange",
     "CacheConfig",
     "CacheError",
+    "ClusterConfig",
     "ConfigError",
     "CorruptRecordError",
     "DataLoader",

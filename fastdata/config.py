@@ -28,8 +28,10 @@ from fastdata.errors import ConfigError
 
 __all__ = [
     "CacheConfig",
+    "ClusterConfig",
     "FastdataConfig",
     "PrefetchConfig",
+    "Rendezvous",
     "StoreConfig",
     "check_int",
     "default_cache_dir",
@@ -388,6 +390,100 @@ class PrefetchConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    """The cross-node cache level: the nodes of a job share their caches (docs/cluster.md)."""
+
+    enabled: bool = False
+    """Share the node caches of the job's nodes (``Dataset(cluster_cache=True)``)."""
+    peers: str = ""
+    """Outside torchrun: every node's peer server as ``host:port``, comma-separated, in
+    node order (under torchrun the rendezvous store tells them; leave empty)."""
+    node: int | None = None
+    """Outside torchrun: this node's index in ``peers`` (torchrun: ``GROUP_RANK``)."""
+    token: str = ""
+    """Outside torchrun: the job's secret token, the same on every node (torchrun: made
+    once and shared through the rendezvous store)."""
+    host: str = ""
+    """Under torchrun: the address this node's server binds; empty means the local
+    address that reaches ``MASTER_ADDR`` (the rendezvous network)."""
+    timeout_s: float = 5.0
+    """Ceiling of a peer request's timeout (the timeout follows observed latency below it)."""
+    wait_s: float = 60.0
+    """How long a process waits at start for every node to publish its address."""
+
+    def __post_init__(self) -> None:
+        _require(
+            0 < self.timeout_s <= 600,
+            f"cluster timeout_s must be in (0, 600] seconds, got {self.timeout_s}",
+        )
+        _require(
+            0 <= self.wait_s <= 3600,
+            f"cluster wait_s must be in 0..3600 seconds, got {self.wait_s}",
+        )
+        _require(
+            self.node is None or (is_int(self.node) and self.node >= 0),
+            f"cluster node must be a non-negative int or None, got {self.node!r}",
+        )
+
+    @property
+    def peer_list(self) -> list[str]:
+        """``peers`` split at commas, blanks dropped."""
+        return [p.strip() for p in self.peers.split(",") if p.strip()]
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """What torchrun tells each process about the job's rendezvous (its environment)."""
+
+    master_addr: str
+    """``MASTER_ADDR``: the host of the rendezvous TCPStore."""
+    master_port: int
+    """``MASTER_PORT``: its port."""
+    node: int
+    """``GROUP_RANK``: this node's rank among the job's nodes."""
+    nodes: int
+    """``GROUP_WORLD_SIZE`` (else ``WORLD_SIZE / LOCAL_WORLD_SIZE``): the number of nodes."""
+    run_id: str = ""
+    """``TORCHELASTIC_RUN_ID``: names this job's keys in the store."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Rendezvous | None:
+        """The rendezvous of a torchrun process, ``None`` outside torchrun.
+
+        Raises:
+            ConfigError: A variable torchrun sets is there but not an integer.
+        """
+        if not env.get("MASTER_ADDR") or "GROUP_RANK" not in env:
+            return None
+
+        def number(name: str, default: str | None = None) -> int:
+            raw = env.get(name, default)
+            if raw is None or not raw.strip().isdigit():
+                raise ConfigError(f"{name}={raw!r} is not a non-negative integer")
+            return int(raw)
+
+        if "GROUP_WORLD_SIZE" in env:
+            nodes = number("GROUP_WORLD_SIZE")
+        else:
+            nodes = number("WORLD_SIZE", "1") // max(1, number("LOCAL_WORLD_SIZE", "1"))
+        node = number("GROUP_RANK")
+        if not 0 <= node < nodes:
+            raise ConfigError(f"GROUP_RANK={node} is outside the job's {nodes} node(s)")
+        return cls(
+            master_addr=env["MASTER_ADDR"],
+            master_port=number("MASTER_PORT"),
+            node=node,
+            nodes=nodes,
+            run_id=env.get("TORCHELASTIC_RUN_ID", ""),
+        )
+
+    @classmethod
+    def from_environ(cls) -> Rendezvous | None:
+        """:meth:`from_env` over this process's environment."""
+        return cls.from_env(os.environ)
+
+
+@dataclass(frozen=True)
 class FastdataConfig:
     """Every knob of fastdata, one section per layer."""
 
@@ -397,6 +493,8 @@ class FastdataConfig:
     """Cache tier settings."""
     prefetch: PrefetchConfig = field(default_factory=PrefetchConfig)
     """Prefetcher and buffer pool settings."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """The cross-node cache level (off by default)."""
 
     @classmethod
     def from_environ(cls, **overrides: Any) -> FastdataConfig:

@@ -6,7 +6,8 @@ crash safety and what ``stats()`` returns. The modules:
 - ``tier.py``: the tier protocol, its data side (``DataTier``) and admin side
   (``AdminTier``), the capabilities a tier declares (``in_process``), and the plain data
   tiers hand out (``Lease``, ``CacheItem``, ``TierStats``);
-- ``ram.py``: ``RamTier``; ``lmdb/``: ``LmdbTier``; ``_tiers.py``: ``default_tiers``;
+- ``ram.py``: ``RamTier``; ``lmdb/``: ``LmdbTier``; ``peer/``: ``PeerTier``, the
+  cross-node level (docs/cluster.md); ``_tiers.py``: ``default_tiers``, ``cluster_tiers``;
 - ``chain.py``: ``ReadThroughCache``, with its parts ``_flight.py`` (single flight),
   ``_source.py`` (``SampleSource``, the transfer retry), ``_stats.py`` (``CacheStats``)
   and ``_writeback.py`` (the write-behind thread);
@@ -17,9 +18,10 @@ from __future__ import annotations
 
 from fastdata.cache._source import SampleSource
 from fastdata.cache._stats import CacheStats
-from fastdata.cache._tiers import default_tiers
+from fastdata.cache._tiers import cluster_tiers, default_tiers
 from fastdata.cache.chain import ReadThroughCache, collate_across
 from fastdata.cache.lmdb import LmdbTier
+from fastdata.cache.peer import OwnedTier, Ownership, PeerDirectory, PeerTier, StaticDirectory
 from fastdata.cache.ram import RamTier
 from fastdata.cache.tier import (
     AdminTier,
@@ -44,12 +46,18 @@ __all__ = [
     "LatencyHistogram",
     "Lease",
     "LmdbTier",
+    "OwnedTier",
+    "Ownership",
+    "PeerDirectory",
+    "PeerTier",
     "RamTier",
     "ReadThroughCache",
     "SampleSource",
+    "StaticDirectory",
     "collate_across",
     "Tier",
     "TierStats",
+    "cluster_tiers",
     "default_tiers",
     "make_key",
 ]

@@ -15,7 +15,9 @@ Its modules, one job each:
 - ``_fetch.py``: what a prefetch thread runs per planned batch (``make_fetch``,
   ``grouped``);
 - ``_runtime.py``: the per-process runtime, store, cache chain and buffer pool
-  (NOTE[dataset-runtime]).
+  (NOTE[dataset-runtime]);
+- ``_cluster.py``: discovery for the cross-node cache level through torchrun's TCPStore
+  (``RendezvousDirectory``, NOTE[peer-discovery]) and the cluster chain's tiers.
 """
 
 from __future__ import annotations
@@ -37,6 +39,12 @@ from fastdata.dataset._batch import (
     split_batch,
 )
 from fastdata.dataset._batch import _to_torch as to_torch
+from fastdata.dataset._cluster import (
+    RendezvousDirectory,
+    cluster_directory,
+    open_cluster_tiers,
+    with_cluster,
+)
 from fastdata.dataset._dataset import Dataset
 from fastdata.dataset._fetch import Peeked, SplitBatches, gather_skipping, grouped, make_fetch
 from fastdata.dataset._runtime import DatasetRuntime, SourceIndex
@@ -49,18 +57,22 @@ __all__ = [
     "ID_KEY",
     "OnError",
     "Peeked",
+    "RendezvousDirectory",
     "SkippedBatch",
     "SourceIndex",
     "SplitBatches",
     "VarTensor",
     "check_on_error",
+    "cluster_directory",
     "close_open_datasets",
     "distributed_world",
     "gather_skipping",
     "grouped",
     "make_fetch",
+    "open_cluster_tiers",
     "merge_config",
     "shuffle_mode",
     "split_batch",
     "to_torch",
+    "with_cluster",
 ]

@@ -58,6 +58,7 @@ from fastdata.dataset._batch import (
     _to_torch,
     check_on_error,
 )
+from fastdata.dataset._cluster import with_cluster
 from fastdata.dataset._fetch import Peeked, gather_skipping, grouped
 from fastdata.dataset._runtime import DatasetRuntime
 from fastdata.errors import ConfigError
@@ -123,6 +124,10 @@ class Dataset(BaseDataset[DatasetRuntime]):
             WebDataset calls the sample's ``__key__`` (``train/00001`` for
             ``train/00001.jpg`` and ``train/00001.cls``). An index saved before fastdata
             stored member names is scanned again when opened.
+        cluster_cache: Share the node caches of the job's nodes (docs/cluster.md): each
+            record has one owner node, a miss asks its owner before the store. Needs
+            torchrun (or ``FASTDATA_CLUSTER_PEERS``, ``_NODE``, ``_TOKEN``). ``False``
+            leaves it to ``config.cluster.enabled`` (off by default).
 
     Raises:
         ConfigError: A bad argument, or nothing to read at ``url``.
@@ -151,8 +156,11 @@ class Dataset(BaseDataset[DatasetRuntime]):
         window_samples: int = PlanConfig.window_samples,
         on_error: OnError = "raise",
         metadata: Sequence[str] = (),
+        cluster_cache: bool = False,
     ) -> None:
         IterableDataset.__init__(self)
+        if not isinstance(cluster_cache, bool):
+            raise ConfigError(f"cluster_cache must be True or False, got {cluster_cache!r}")
         if transform is not None and not callable(transform):
             raise ConfigError(f"transform must be callable, got {transform!r}")
         if isinstance(metadata, str) or not all(m in METADATA for m in metadata):
@@ -174,6 +182,8 @@ class Dataset(BaseDataset[DatasetRuntime]):
             layout_options=layout_options,  # type: ignore[arg-type]  # checked by the spec
         )
         self.config = merge_config(config, cache_dir, cache_bytes, ram_bytes)
+        if cluster_cache:
+            self.config = with_cluster(self.config)
         self.shuffle = shuffle_mode(shuffle)
         self.plan_config = PlanConfig(
             batch_size=batch_size, seed=seed, shuffle=self.shuffle, window_samples=window_samples

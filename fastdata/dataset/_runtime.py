@@ -15,6 +15,7 @@ from typing import Protocol
 from fastdata._fork import current_pid
 from fastdata.cache import ReadThroughCache, SampleSource, default_tiers
 from fastdata.config import FastdataConfig
+from fastdata.dataset._cluster import open_cluster_tiers
 from fastdata.prefetch import BufferPool
 from fastdata.spec import DatasetSpec
 from fastdata.store import Store
@@ -68,9 +69,12 @@ class DatasetRuntime:
     ) -> None:
         self.pid = current_pid()
         self.store = spec.store(config.store)
-        self.cache = ReadThroughCache(
-            default_tiers(config.cache), index.source(self.store), config=config.cache
+        tiers = (
+            open_cluster_tiers(config)  # docs/cluster.md
+            if config.cluster.enabled and config.cache.enabled
+            else default_tiers(config.cache)
         )
+        self.cache = ReadThroughCache(tiers, index.source(self.store), config=config.cache)
         self.pool = BufferPool.from_config(config.prefetch, pin=False if in_worker else None)
 
     def close(self) -> None:

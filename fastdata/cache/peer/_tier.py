@@ -1,0 +1,420 @@
+"""PeerTier, the cross-node level, and OwnedTier, the node tier's ownership filter.
+
+NOTE[peer-tier]: a key this node does not own is asked of its owner (NOTE[peer-ownership])
+before the store. One request per owner per batch, all owners at once; each answer is
+checked like an LMDB read (NOTE[peer-wire]). A peer that refuses, resets, times out or
+answers a non-200 status makes its keys fall through to the store (``fall_throughs``),
+and is left alone for a backoff (1 s doubling to 60 s) so later batches do not wait for
+it again; an answer that fails a check makes the bad keys fall through and counts them
+(``corruptions``). The timeout of a request is 4x the observed mean latency plus 0.1 s,
+at least 0.25 s and at most ``ClusterConfig.timeout_s`` (the ceiling, also the first
+request's). So a peer can slow a batch by at most one timeout, never corrupt or stop it.
+
+Records the chain read from the store are offered here too (the write-behind thread,
+NOTE[write-behind]): those owned by another node are sent to it (a put), so the owner's
+share fills from every node's first epoch.
+
+NOTE[peer-admission]: with the cluster cache on, the node's LMDB tier admits only the
+records this node owns (:class:`OwnedTier`), whoever read them: its own ranks' misses and
+its peers' puts. A record owned by another node stays in the reading process's RAM tier
+only. Why: the cluster holds min(1, N*C/D) of the data only if every node spends its
+budget on its own share; a node that also kept what its ranks read would fill up with
+others' records in the first epoch (two thirds of its reads, with three nodes) and reject
+part of its share, and those records are one peer request away anyway. Within the owned
+share the LMDB admission policy is unchanged (admit while there is room, then keep).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fastdata._fork import reset_in_forked_child
+from fastdata.cache.peer._directory import PeerDirectory
+from fastdata.cache.peer._owner import Ownership
+from fastdata.cache.peer._server import PeerServer, elect
+from fastdata.cache.peer._transport import HttpTransport, PeerTransport, PeerUnavailable
+from fastdata.cache.peer._wire import (
+    WireError,
+    decode_answer,
+    encode_get,
+    encode_put,
+    verify_entries,
+)
+from fastdata.cache.tier import (
+    CacheItem,
+    DatasetInfo,
+    Lease,
+    StatsRecorder,
+    Tier,
+    TierStats,
+    check_keys,
+)
+from fastdata.config import CacheConfig, ClusterConfig
+
+__all__ = ["OwnedTier", "PeerTier"]
+
+_log = logging.getLogger("fastdata.cache.peer")
+
+_ELECT_EVERY_S = 5.0
+_FLOOR_S = 0.25
+_BACKOFF_S = (1.0, 60.0)
+
+
+@dataclass
+class _Peer:
+    """What this process knows of one other node."""
+
+    address: str | None = None
+    down_until: float = 0.0
+    failures: int = 0
+
+
+class PeerTier:
+    """The cross-node tier: other nodes' LMDB tiers, asked for the keys they own.
+
+    Args:
+        config: The node's cache settings (its directory holds the election lock).
+        cluster: The cluster settings (timeout ceiling).
+        directory: The job's nodes, token and addresses.
+        transport: How requests travel (default: :class:`HttpTransport`).
+        serve: Whether this process may run the node's server (NOTE[peer-election]).
+        mangle: Test hook handed to the server (see :class:`PeerServer`).
+    """
+
+    name = "peer"
+    in_process = False
+    """Entries live on other nodes: its writes (puts to owners) go behind the chain."""
+
+    def __init__(
+        self,
+        config: CacheConfig,
+        cluster: ClusterConfig,
+        directory: PeerDirectory,
+        *,
+        transport: PeerTransport | None = None,
+        serve: bool = True,
+        mangle: Callable[[bytes], bytes] | None = None,
+    ) -> None:
+        self.config = config
+        self.cluster = cluster
+        self.directory = directory
+        self.ownership = Ownership(directory.nodes, directory.node)
+        self._given_transport = transport
+        self._serve = serve
+        self._mangle = mangle
+        self._closed = False
+        self._reset()
+        reset_in_forked_child(self)
+
+    def _reset(self) -> None:
+        """Per-process state; again in a forked child (NOTE[fork], NOTE[peer-election])."""
+        lock_fd = getattr(self, "_lock_fd", None)
+        if lock_fd is not None:  # a child's copy of the parent's lock: the parent keeps it
+            import os
+
+            os.close(lock_fd)
+        self._lock = threading.Lock()
+        self._stats = StatsRecorder()
+        self._peers: dict[int, _Peer] = {n: _Peer() for n in self.ownership.nodes}
+        self._mean_s: float | None = None
+        self._server: PeerServer | None = None
+        self._lock_fd: int | None = None
+        self._next_elect = 0.0
+        self._transport = self._given_transport or HttpTransport(self.directory.token)
+
+    @property
+    def serving(self) -> str | None:
+        """The address this process's server listens on, ``None`` when it serves none."""
+        return self._server.address if self._server is not None else None
+
+    def start(self) -> str | None:
+        """Try now to become the node's server (NOTE[peer-election]); the address it
+        serves at, or ``None`` when another process of the node serves."""
+        self._next_elect = 0.0
+        self._ensure_server()
+        return self.serving
+
+    def _ensure_server(self) -> None:
+        """NOTE[peer-election]: try to become the node's server, now and then."""
+        now = time.monotonic()
+        if not self._serve or self._server is not None or now < self._next_elect:
+            return
+        with self._lock:
+            if self._closed or self._server is not None or now < self._next_elect:
+                return
+            self._next_elect = now + _ELECT_EVERY_S
+            fd = elect(self.config.resolved_dir())
+            if fd is None:
+                return
+            host, port = self.directory.listen()
+            try:
+                server = PeerServer(
+                    self.config,
+                    host=host,
+                    port=port,
+                    token=self.directory.token,
+                    owned=self.ownership.owned,
+                    mangle=self._mangle,
+                )
+            except Exception:
+                import os
+
+                os.close(fd)
+                raise
+            self._server, self._lock_fd = server, fd
+        self.directory.publish(server.address)
+        _log.info("node %d serves its cache to peers at %s", self.ownership.node, server.address)
+
+    def _timeout_s(self) -> float:
+        mean = self._mean_s
+        ceiling = self.cluster.timeout_s
+        if mean is None:
+            return ceiling
+        return min(ceiling, max(_FLOOR_S, 4.0 * mean + 0.1))
+
+    def _usable(self, node: int, now: float) -> str | None:
+        peer = self._peers[node]
+        if now < peer.down_until:
+            return None
+        if peer.address is None or peer.failures:
+            peer.address = self.directory.address(node)
+        return peer.address
+
+    def _failed(self, node: int, why: object) -> None:
+        peer = self._peers[node]
+        peer.failures += 1
+        backoff = min(_BACKOFF_S[1], _BACKOFF_S[0] * 2 ** (peer.failures - 1))
+        peer.down_until = time.monotonic() + backoff
+        if peer.failures == 1:
+            _log.warning(
+                "peer node %d did not answer (%s); its records come from the store for "
+                "the next %.0f s (counted in the peer tier's fall_throughs)",
+                node,
+                why,
+                backoff,
+            )
+
+    def _answered(self, node: int, elapsed_s: float) -> None:
+        self._peers[node].failures = 0
+        mean = self._mean_s
+        self._mean_s = elapsed_s if mean is None else 0.8 * mean + 0.2 * elapsed_s
+
+    def _by_owner(self, keys: Sequence[bytes]) -> dict[int, list[int]]:
+        groups: dict[int, list[int]] = {}
+        me = self.ownership.node
+        for i, owner in enumerate(self.ownership.owner_of(keys)):
+            if owner != me:
+                groups.setdefault(owner, []).append(i)
+        return groups
+
+    def get_many(
+        self, keys: Sequence[bytes], fingerprints: Sequence[bytes], *, defer_verify: bool = False
+    ) -> Lease:
+        """Ask the owners of the keys this node does not own (NOTE[peer-tier]).
+
+        Every record handed out has passed its header and checksum checks (the lease is
+        never ``unverified``); a key this node owns is a miss, not asked.
+        """
+        started = time.perf_counter()
+        check_keys(keys, fingerprints)
+        buffers: list[Any] = [None] * len(keys)
+        if self._closed or not keys:
+            return Lease(buffers)
+        self._ensure_server()
+        now = time.monotonic()
+        asked: list[tuple[int, list[int]]] = []
+        requests: list[tuple[str, str, bytes]] = []
+        skipped = 0
+        for node, idx in self._by_owner(keys).items():
+            address = self._usable(node, now)
+            if address is None:
+                skipped += len(idx)
+                continue
+            asked.append((node, idx))
+            body = encode_get([keys[i] for i in idx], [fingerprints[i] for i in idx])
+            requests.append((address, "get", body))
+        hits, bad, fallen = 0, 0, skipped
+        if requests:
+            sent = time.perf_counter()
+            answers = self._transport.request_many(requests, timeout_s=self._timeout_s())
+            elapsed = time.perf_counter() - sent
+            for (node, idx), answer in zip(asked, answers, strict=True):
+                got, wrong, lost = self._take(node, idx, answer, keys, fingerprints, buffers)
+                hits, bad, fallen = hits + got, bad + wrong, fallen + lost
+                if not isinstance(answer, PeerUnavailable):
+                    self._answered(node, elapsed)
+        found = [b for b in buffers if b is not None]
+        self._stats.record_call(
+            "get",
+            started,
+            hits=hits,
+            misses=sum(len(idx) for _, idx in asked) + skipped - hits,
+            corruptions=bad,
+            fall_throughs=fallen,
+            bytes_read=sum(map(len, found)),
+        )
+        return Lease(buffers)
+
+    def _take(
+        self,
+        node: int,
+        idx: list[int],
+        answer: bytes | PeerUnavailable,
+        keys: Sequence[bytes],
+        fingerprints: Sequence[bytes],
+        buffers: list[Any],
+    ) -> tuple[int, int, int]:
+        """Fill ``buffers`` from one owner's answer: (hits, bad entries, fallen through)."""
+        if isinstance(answer, PeerUnavailable):
+            self._failed(node, answer)
+            return 0, 0, len(idx)
+        want_keys = [keys[i] for i in idx]
+        want_fps = [fingerprints[i] for i in idx]
+        try:
+            values = decode_answer(answer, len(idx))
+        except WireError as exc:
+            self._warn_bad(node, exc)
+            return 0, len(idx), len(idx)
+        records, wrong = verify_entries(values, want_keys, want_fps)
+        if wrong:
+            self._warn_bad(node, f"{len(wrong)} record(s) failed their header or checksum")
+        hits = 0
+        for i, rec in zip(idx, records, strict=True):
+            if rec is not None:
+                buffers[i] = rec
+                hits += 1
+        return hits, len(wrong), len(wrong)
+
+    def _warn_bad(self, node: int, why: object) -> None:
+        _log.warning(
+            "peer node %d sent a bad answer (%s); those records come from the store "
+            "(counted in the peer tier's corruptions)",
+            node,
+            why,
+        )
+
+    def put_many(self, items: Sequence[CacheItem]) -> int:
+        """Send records owned by other nodes to their owners; returns how many they admitted."""
+        started = time.perf_counter()
+        if self._closed or not items:
+            return 0
+        self._ensure_server()
+        groups = self._by_owner([it.key for it in items])
+        now = time.monotonic()
+        requests, sent_groups = [], []
+        for node, idx in groups.items():
+            address = self._usable(node, now)
+            if address is not None:
+                requests.append((address, "put", encode_put([items[i] for i in idx])))
+                sent_groups.append((node, idx))
+        admitted = 0
+        offered = sum(len(idx) for idx in groups.values())
+        answers = self._transport.request_many(requests, timeout_s=self.cluster.timeout_s)
+        for (node, _idx), answer in zip(sent_groups, answers, strict=True):
+            if isinstance(answer, PeerUnavailable):
+                self._failed(node, answer)
+            elif len(answer) == 4:
+                admitted += int.from_bytes(answer, "little")
+        self._stats.record_call("put", started, rejections=offered - admitted, bytes_written=0)
+        return admitted
+
+    def drop_corrupt(self, keys: Sequence[bytes]) -> int:
+        """Nothing to drop: an answer is checked before it is handed out."""
+        return 0
+
+    def evict(self, keys: Sequence[bytes]) -> int:
+        """Other nodes' entries are theirs to evict."""
+        return 0
+
+    def hint(self, upcoming_keys: Sequence[bytes]) -> None:
+        """No readahead across nodes (a request is already one batch)."""
+
+    def register_dataset(self, dataset_id: bytes, *, num_samples: int, name: str = "") -> bool:
+        """Nothing to record: each node's LMDB tier registers its own datasets."""
+        return True
+
+    def datasets(self) -> list[DatasetInfo]:
+        """What other nodes hold is theirs to list (``fastdata stats`` on that node)."""
+        return []
+
+    def clear(self, dataset_id: bytes | None = None) -> int:
+        """Other nodes' entries are theirs to clear."""
+        return 0
+
+    def stats(self) -> TierStats:
+        """This process's peer counters: hits, bytes, latency, fall-throughs, corruptions."""
+        role = f"serving at {self.serving}" if self.serving else "client"
+        state = "closed" if self._closed else f"ok: node {self.ownership.node} ({role})"
+        return self._stats.snapshot(name=self.name, state=state)
+
+    def close(self) -> None:
+        """Stop this process's server (if it serves) and its transport. Final."""
+        with self._lock:
+            self._closed = True
+            server, self._server = self._server, None
+            fd, self._lock_fd = self._lock_fd, None
+        if server is not None:
+            server.close()
+        if fd is not None:
+            import os
+
+            os.close(fd)
+        self._transport.close()
+
+
+class OwnedTier:
+    """The node's LMDB tier, admitting only what this node owns (NOTE[peer-admission]).
+
+    Reads, eviction, datasets and stats are the inner tier's, delegated method by method.
+
+    Args:
+        inner: The node tier (``LmdbTier``).
+        ownership: The job's nodes and this node.
+    """
+
+    in_process = False
+
+    def __init__(self, inner: Tier, ownership: Ownership) -> None:
+        self.inner = inner
+        self.ownership = ownership
+        self.name = inner.name
+
+    def put_many(self, items: Sequence[CacheItem]) -> int:
+        """Offer the records this node owns to the inner tier; the rest are not offered."""
+        owned = self.ownership.owned([it.key for it in items])
+        mine = [it for it, keep in zip(items, owned, strict=True) if keep]
+        return self.inner.put_many(mine) if mine else 0
+
+    def get_many(
+        self, keys: Sequence[bytes], fingerprints: Sequence[bytes], *, defer_verify: bool = False
+    ) -> Lease:
+        return self.inner.get_many(keys, fingerprints, defer_verify=defer_verify)
+
+    def drop_corrupt(self, keys: Sequence[bytes]) -> int:
+        return self.inner.drop_corrupt(keys)
+
+    def evict(self, keys: Sequence[bytes]) -> int:
+        return self.inner.evict(keys)
+
+    def hint(self, upcoming_keys: Sequence[bytes]) -> None:
+        self.inner.hint(upcoming_keys)
+
+    def register_dataset(self, dataset_id: bytes, *, num_samples: int, name: str = "") -> bool:
+        return self.inner.register_dataset(dataset_id, num_samples=num_samples, name=name)
+
+    def datasets(self) -> list[DatasetInfo]:
+        return self.inner.datasets()
+
+    def clear(self, dataset_id: bytes | None = None) -> int:
+        return self.inner.clear(dataset_id)
+
+    def stats(self) -> TierStats:
+        return self.inner.stats()
+
+    def close(self) -> None:
+        self.inner.close()
