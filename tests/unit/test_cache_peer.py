@@ -1,0 +1,229 @@
+"""The cross-node level on one machine: several nodes' chains, each with its own cache
+directory and peer server on 127.0.0.1 (docs/cluster.md)."""
+
+from __future__ import annotations
+
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fastdata.cache import (
+    CacheItem,
+    LmdbTier,
+    OwnedTier,
+    Ownership,
+    PeerTier,
+    ReadThroughCache,
+    StaticDirectory,
+    cluster_tiers,
+)
+from fastdata.cache.peer import TOKEN_HEADER, WireError, elect, encode_get, encode_put
+from fastdata.cache.peer._wire import decode_answer, decode_get, decode_put
+from fastdata.config import CacheConfig, ClusterConfig
+from fastdata.errors import ConfigError
+from fastdata.testing.seaweedfs import free_port
+from tests.contracts.tier_contract import FakeSource, item
+
+TOKEN = "job-secret"
+N = 120
+
+
+class Node:
+    """One simulated node: its chain over a fake store, and its peer tier."""
+
+    def __init__(self, root: Path, peers: list[str], node: int, **peer_args: Any) -> None:
+        self.config = CacheConfig(dir=str(root / f"node{node}"), ram_bytes=0, min_free_bytes=0)
+        self.source = FakeSource(N, size=300)
+        directory = StaticDirectory(peers, node, TOKEN)
+        tiers = cluster_tiers(self.config, ClusterConfig(enabled=True, timeout_s=2.0), directory)
+        if peer_args:  # rebuilt with the test hook
+            tiers[-1].close()
+            tiers[-1] = PeerTier(
+                self.config, ClusterConfig(enabled=True, timeout_s=2.0), directory, **peer_args
+            )
+        self.peer: PeerTier = tiers[-1]  # type: ignore[assignment]
+        self.peer.start()
+        self.cache = ReadThroughCache(tiers, self.source, config=self.config)
+
+    def read(self, ids: list[int]) -> list[bytes]:
+        with self.cache.get_many(ids) as lease:
+            return [bytes(b) for b in lease.buffers]
+
+    def peer_stats(self) -> dict[str, Any]:
+        return self.peer.stats().as_dict()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Callable[..., list[Node]]]:
+    made: list[Node] = []
+
+    def make(count: int = 3, hooks: dict[int, dict[str, Any]] | None = None) -> list[Node]:
+        peers = [f"127.0.0.1:{free_port()}" for _ in range(count)]
+        nodes = [Node(tmp_path, peers, i, **(hooks or {}).get(i, {})) for i in range(count)]
+        made.extend(nodes)
+        return nodes
+
+    yield make
+    for node in made:
+        node.cache.close()
+
+
+def owned_by(node: int, count: int = 3) -> list[int]:
+    ownership = Ownership(list(range(count)), node)
+    keys = FakeSource(N).keys(range(N))
+    return [i for i, mine in enumerate(ownership.owned(keys)) if mine]
+
+
+def test_a_miss_owned_by_another_node_is_served_by_it_not_the_store(
+    cluster: Callable[..., list[Node]],
+) -> None:
+    a, b, _c = cluster(3)
+    ids = list(range(N))
+    first = a.read(ids)  # cold: everything from a's store; b's and c's shares sent to them
+    assert a.cache.flush(30)
+    assert first == [a.source.expected(i) for i in ids]
+    before = len(b.source.samples_read)
+    again = b.read(ids)  # b's own share is in its LMDB; a's and c's from them
+    assert again == first
+    assert len(b.source.samples_read) == before  # nothing from the store
+    stats = b.peer_stats()
+    assert stats["hits"] == N - len(owned_by(1))
+    assert stats["bytes_read"] == sum(len(first[i]) for i in ids if i not in owned_by(1))
+    assert stats["get_latency"]["total_s"] > 0
+    assert stats["fall_throughs"] == stats["corruptions"] == 0
+
+
+def test_the_node_tier_admits_only_what_the_node_owns(tmp_path: Path) -> None:
+    config = CacheConfig(dir=str(tmp_path / "c"), min_free_bytes=0)
+    ownership = Ownership([0, 1, 2], 1)
+    tier = OwnedTier(LmdbTier(config), ownership)
+    items = [item(i) for i in range(60)]
+    admitted = tier.put_many(items)
+    mine = [i for i in owned_by(1) if i < 60]
+    assert 0 < admitted == len(mine) < 60
+    assert tier.inner.contains_many(  # type: ignore[attr-defined]
+        [it.key for it in items], [it.fingerprint for it in items]
+    ) == [i in mine for i in range(60)]
+    tier.close()
+
+
+def test_a_request_without_the_token_gets_403_and_nothing(
+    cluster: Callable[..., list[Node]],
+) -> None:
+    _a, b = cluster(2)
+    address = b.peer.serving
+    assert address is not None
+    mine = owned_by(1, 2)[:5]
+    keys, fps = b.source.keys(mine), b.source.fingerprints(mine)
+    bodies = {
+        "get": encode_get(keys, fps),
+        "put": encode_put(
+            [CacheItem(k, f, b.source.expected(i)) for k, f, i in zip(keys, fps, mine, strict=True)]
+        ),
+    }
+    for header in ({}, {TOKEN_HEADER: "wrong"}):
+        for op, body in bodies.items():
+            request = urllib.request.Request(
+                f"http://{address}/v1/{op}", data=body, headers=header, method="POST"
+            )
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=10)
+            assert refused.value.code == 403
+            assert refused.value.read() == b""
+    # The refused put stored nothing.
+    assert LmdbTier(b.config).contains_many(keys, fps) == [False] * 5
+
+
+def test_a_corrupt_answer_is_detected_counted_and_read_from_the_store(
+    cluster: Callable[..., list[Node]],
+) -> None:
+    def flip_last_byte(body: bytes) -> bytes:
+        return body[:-1] + bytes([body[-1] ^ 0xFF]) if len(body) > 8 else body
+
+    a, b = cluster(2, hooks={1: {"mangle": flip_last_byte}})
+    theirs = owned_by(1, 2)[:10]
+    b.read(theirs)  # b owns them: now in b's LMDB
+    assert b.cache.flush(30)
+    got = a.read(theirs)
+    assert got == [a.source.expected(i) for i in theirs]  # never the flipped byte
+    stats = a.peer_stats()
+    assert stats["corruptions"] == 1  # the last record of the answer
+    assert stats["hits"] == 9
+    assert a.source.samples_read == [theirs[-1]]  # that one came from the store
+
+
+def test_a_dead_peer_falls_through_to_the_store(cluster: Callable[..., list[Node]]) -> None:
+    a, b = cluster(2)
+    theirs = owned_by(1, 2)[:10]
+    b.read(theirs)
+    assert b.cache.flush(30)
+    b.cache.close()  # its server stops: connections are refused
+    assert a.read(theirs) == [a.source.expected(i) for i in theirs]
+    assert a.read(theirs[:3]) == [a.source.expected(i) for i in theirs[:3]]
+    stats = a.peer_stats()
+    assert stats["hits"] == 0
+    assert stats["fall_throughs"] == 13  # the second batch skips the peer (backoff)
+
+
+def test_a_peer_that_never_answers_times_out_and_falls_through(tmp_path: Path) -> None:
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # accepts into the backlog, never answers
+    try:
+        peers = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{silent.getsockname()[1]}"]
+        config = CacheConfig(dir=str(tmp_path / "c"), ram_bytes=0, min_free_bytes=0)
+        directory = StaticDirectory(peers, 0, TOKEN)
+        tiers = cluster_tiers(config, ClusterConfig(enabled=True, timeout_s=0.5), directory)
+        source = FakeSource(N)
+        theirs = owned_by(1, 2)[:4]
+        with ReadThroughCache(tiers, source, config=config) as cache:
+            with cache.get_many(theirs) as lease:
+                assert [bytes(x) for x in lease.buffers] == [source.expected(i) for i in theirs]
+            peer = cache.stats().tiers[-1]
+        assert peer.name == "peer"
+        assert peer.fall_throughs == 4
+    finally:
+        silent.close()
+
+
+def test_bodies_that_break_the_wire_format_are_refused() -> None:
+    keys = [bytes(16)] * 2
+    body = encode_get(keys, keys)
+    assert decode_get(body) == (keys, keys)
+    for bad in (b"", body[:-1], body + b"x", b"XXXX" + body[4:]):
+        with pytest.raises(WireError):
+            decode_get(bad)
+    put = encode_put([item(1), item(2)])
+    assert decode_put(put)[0] == [item(1).key, item(2).key]
+    damaged = put[:-1] + bytes([put[-1] ^ 1])
+    with pytest.raises(WireError, match="checksum"):
+        decode_put(damaged)
+    with pytest.raises(WireError, match="holds"):
+        decode_answer(put.replace(b"FDPP", b"FDPA", 1), 3)
+
+
+def test_one_process_per_node_wins_the_server_election(tmp_path: Path) -> None:
+    first = elect(tmp_path)
+    assert first is not None
+    try:
+        assert elect(tmp_path) is None
+    finally:
+        import os
+
+        os.close(first)
+    again = elect(tmp_path)
+    assert again is not None
+
+
+def test_an_explicit_peer_list_is_checked() -> None:
+    with pytest.raises(ConfigError, match="host:port"):
+        StaticDirectory(["nohost"], 0, TOKEN)
+    with pytest.raises(ConfigError, match="index"):
+        StaticDirectory(["a:1", "b:2"], 2, TOKEN)
+    with pytest.raises(ConfigError, match="token"):
+        StaticDirectory(["a:1"], 0, "")
