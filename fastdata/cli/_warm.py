@@ -15,6 +15,7 @@ import click
 
 from fastdata.cli._options import (
     Size,
+    _env_int,
     check_cache_dir,
     concurrency_option,
     dataset_cfg,
@@ -50,6 +51,14 @@ __all__ = ["warm_command"]
     type=Size(),
     help="Source bytes per claim unit, the work one of several warm processes takes at once.",
 )
+@click.option(
+    "--nodes",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 1 << 16),
+    help="Nodes of a job sharing their caches (cluster_cache=True): warm only the share "
+    "node --node-rank (else GROUP_RANK) owns (docs/cluster.md).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 @click.option(
     "--log-interval",
@@ -72,8 +81,17 @@ def warm_command(url: str, **params: Any) -> None:
     from fastdata.ops import BarProgress, LogProgress, stopped_line, warm_summary
     from fastdata.warm import WarmConfig, WarmStop, warm
 
+    nodes, node_rank = params.pop("nodes"), params.get("node_rank")
+    if nodes > 1 and not params["use_plan"]:
+        params["node_rank"] = None  # the owned share's node here, not a plan flag
     plan = node_plan(params)
     params.pop("batch_size")
+    if node_rank is None:
+        node_rank = plan.node_rank if plan is not None else (_env_int("GROUP_RANK") or 0)
+    if node_rank >= nodes and nodes > 1:
+        raise click.BadParameter(
+            f"{node_rank} is not below --nodes={nodes}", param_hint="'--node-rank'"
+        )
     spec, config = dataset_cfg(url, params)
     if config.cache.enabled:
         check_cache_dir(config, write=True)
@@ -81,6 +99,8 @@ def warm_command(url: str, **params: Any) -> None:
         concurrency=params["concurrency"],
         max_inflight_bytes=params["max_inflight"],
         claim_bytes=params["claim_bytes"],
+        nodes=nodes,
+        node_rank=node_rank if nodes > 1 else 0,
     )
     console = Console(stderr=True)
     progress: Any = None

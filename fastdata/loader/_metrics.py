@@ -55,10 +55,44 @@ class _LoaderCollector:
                 [str(tier.get("name", "?"))], tier.get("hits", 0) / lookups if lookups else 0.0
             )
         yield tiers
+        yield from _peer_metrics(stats.cache or {})
         if stats.store is not None:
             yield CounterMetricFamily(
                 "fastdata_store_retries", "Store requests retried", stats.store.get("retries", 0)
             )
+
+
+def _peer_metrics(cache: Any) -> Iterator[Metric]:
+    """The cross-node level's counters (docs/cluster.md), when the chain has a peer tier."""
+    peer = next((t for t in cache.get("tiers", []) if t.get("name") == "peer"), None)
+    if peer is None:
+        return
+    latency = peer.get("get_latency", {})
+    yield CounterMetricFamily(
+        "fastdata_peer_hits", "Records served by their owner node", peer.get("hits", 0)
+    )
+    yield CounterMetricFamily(
+        "fastdata_peer_bytes", "Record bytes served by owner nodes", peer.get("bytes_read", 0)
+    )
+    yield CounterMetricFamily(
+        "fastdata_peer_fallbacks",
+        "Records asked of a peer that came from the store instead (unreachable, timed "
+        "out or a bad answer)",
+        peer.get("fall_throughs", 0) + peer.get("corruptions", 0),
+    )
+    yield CounterMetricFamily(
+        "fastdata_peer_corrupt_answers",
+        "Records of peer answers that failed their checks",
+        peer.get("corruptions", 0),
+    )
+    yield CounterMetricFamily(
+        "fastdata_peer_latency_seconds",
+        "Time spent in peer batch lookups",
+        latency.get("total_s", 0.0),
+    )
+    yield CounterMetricFamily(
+        "fastdata_peer_lookups", "Peer batch lookups", sum(latency.get("counts", []))
+    )
 
 
 def serve_loader_metrics(loader: Any, port: int) -> Any:

@@ -102,9 +102,16 @@ class WarmConfig:
     """Source bytes per claim unit: what one process fetches while others skip it."""
     status_interval_s: float = 0.2
     """How often the progress callback hears about the run."""
+    nodes: int = 1
+    """The job's nodes sharing their caches (``Dataset(cluster_cache=True)``): warm only
+    the records node :attr:`node_rank` owns (NOTE[peer-ownership], docs/cluster.md)."""
+    node_rank: int = 0
+    """This node's rank among :attr:`nodes` (torchrun's ``GROUP_RANK``)."""
 
     def __post_init__(self) -> None:
         check_int("concurrency", self.concurrency, 1, 4096)
+        check_int("nodes", self.nodes, 1, 1 << 16)
+        check_int("node_rank", self.node_rank, 0, self.nodes - 1, hint=f" (< nodes={self.nodes})")
         for name in ("max_inflight_bytes", "claim_bytes"):
             value = getattr(self, name)
             if isinstance(value, str):

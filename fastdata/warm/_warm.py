@@ -9,7 +9,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from fastdata.cache import LmdbTier
+from fastdata.cache import LmdbTier, Ownership
 from fastdata.cache.lmdb import fit_budget, record_costs, room_bytes
 from fastdata.config import FastdataConfig
 from fastdata.errors import CacheError, ConfigError
@@ -59,9 +59,18 @@ class Selection:
         return self.wanted - len(self.ids)
 
 
-def select(index: SampleIndex, plan: NodePlan | None, tier: LmdbTier) -> Selection:
-    """The samples to warm: all of them or the node's plan, cut to the cache budget."""
+def select(
+    index: SampleIndex,
+    plan: NodePlan | None,
+    tier: LmdbTier,
+    options: WarmConfig | None = None,
+) -> Selection:
+    """The samples to warm: all of them or the node's plan, with ``options.nodes > 1``
+    only those node ``options.node_rank`` owns (docs/cluster.md), cut to the cache budget."""
     order = access_order(index, plan)
+    if options is not None and options.nodes > 1 and len(order):
+        ownership = Ownership(range(options.nodes), options.node_rank)
+        order = order[np.asarray(ownership.owned(index.keys(order)), dtype=bool)]
     est = source_bytes(index, order)
     costs = record_costs(est)
     room = room_bytes(tier.config, tier.datasets(), index.namespace)
@@ -180,7 +189,7 @@ def warm(
         index = open_index(spec, store=store, cache_dir=tier.root)
         name = namespace_name(index.store_identity)  # NOTE[cache-keys]: the store's records
         tier.register_dataset(index.namespace, num_samples=len(index), name=name)
-        selection = select(index, plan, tier)
+        selection = select(index, plan, tier, options)
         present = _present(tier, index, selection.ids)
         index_s = time.monotonic() - started
         _warn_over_budget(selection)

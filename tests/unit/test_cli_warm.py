@@ -350,3 +350,45 @@ def test_a_terminal_gets_a_rich_progress_bar(dataset: Path, tmp_path: Path) -> N
     assert f"{SAMPLES}/{SAMPLES} samples" in text
     assert "/s" in text  # the transfer rate column
     assert "warm: " not in text  # no plain log lines on a terminal
+
+
+def test_warm_with_nodes_warms_only_the_owned_share_and_the_shares_partition(
+    dataset: Path, tmp_path: Path
+) -> None:
+    from fastdata.cache import Ownership
+
+    spec = DatasetSpec(str(dataset), layout="files")
+    shares = []
+    for node in range(3):
+        cache = CacheConfig(
+            dir=str(tmp_path / f"n{node}"), max_bytes=64 * 1024**2, min_free_bytes=0
+        )
+        config = FastdataConfig(cache=cache)
+        result = warm(spec, config=config, options=WarmConfig(nodes=3, node_rank=node))
+        assert result.complete
+        shares.append(set(cached_data(config, str(dataset))))
+        assert result.samples == len(shares[-1])
+    assert set().union(*shares) == set(range(SAMPLES))
+    assert sum(map(len, shares)) == SAMPLES  # each sample warmed on exactly one node
+    index = open_index(str(dataset), layout="files", cache_dir=tmp_path / "n0")
+    owned = Ownership([0, 1, 2], 1).owned(index.keys(np.arange(SAMPLES)))
+    assert shares[1] == {i for i in range(SAMPLES) if owned[i]}  # the chain's own owner
+
+
+def test_cli_warm_node_rank_must_be_below_nodes(dataset: Path, tmp_path: Path) -> None:
+    out = run(
+        [
+            "warm",
+            str(dataset),
+            "--cache-dir",
+            str(tmp_path / "c"),
+            "--nodes",
+            "2",
+            "--node-rank",
+            "2",
+        ]
+    )
+    assert out.exit_code == 2
+    assert "--nodes=2" in out.output
+    with pytest.raises(ConfigError, match="node_rank"):
+        WarmConfig(nodes=2, node_rank=2)
