@@ -227,3 +227,27 @@ def test_an_explicit_peer_list_is_checked() -> None:
         StaticDirectory(["a:1", "b:2"], 2, TOKEN)
     with pytest.raises(ConfigError, match="token"):
         StaticDirectory(["a:1"], 0, "")
+
+
+def test_prometheus_counts_peer_hits_bytes_latency_and_fallbacks() -> None:
+    pytest.importorskip("prometheus_client")
+    from fastdata.loader._metrics import _peer_metrics
+
+    peer = {
+        "name": "peer",
+        "hits": 7,
+        "bytes_read": 7000,
+        "fall_throughs": 3,
+        "corruptions": 1,
+        "get_latency": {"counts": [0, 2, 1], "total_s": 0.25},
+    }
+    values = {m.name: m.samples[0].value for m in _peer_metrics({"tiers": [peer]})}
+    assert values == {
+        "fastdata_peer_hits": 7,
+        "fastdata_peer_bytes": 7000,
+        "fastdata_peer_fallbacks": 4,
+        "fastdata_peer_corrupt_answers": 1,
+        "fastdata_peer_latency_seconds": 0.25,
+        "fastdata_peer_lookups": 3,
+    }
+    assert list(_peer_metrics({"tiers": [{"name": "lmdb"}]})) == []

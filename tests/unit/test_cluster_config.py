@@ -1,0 +1,92 @@
+"""The cluster cache's settings and discovery arguments (docs/cluster.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import fastdata
+from fastdata.config import CacheConfig, ClusterConfig, FastdataConfig, Rendezvous
+from fastdata.dataset import cluster_directory, with_cluster
+from fastdata.errors import ConfigError
+from fastdata.testing.seaweedfs import free_port
+
+TORCHRUN = {
+    "MASTER_ADDR": "10.0.0.1",
+    "MASTER_PORT": "29500",
+    "GROUP_RANK": "2",
+    "GROUP_WORLD_SIZE": "4",
+    "TORCHELASTIC_RUN_ID": "job7",
+}
+
+
+def test_rendezvous_comes_from_torchruns_variables() -> None:
+    assert Rendezvous.from_env(TORCHRUN) == Rendezvous("10.0.0.1", 29500, 2, 4, "job7")
+    assert Rendezvous.from_env({}) is None
+    older = {k: v for k, v in TORCHRUN.items() if k != "GROUP_WORLD_SIZE"}
+    older |= {"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "4"}
+    assert Rendezvous.from_env(older) == Rendezvous("10.0.0.1", 29500, 2, 4, "job7")
+    with pytest.raises(ConfigError, match="MASTER_PORT='x'"):
+        Rendezvous.from_env(TORCHRUN | {"MASTER_PORT": "x"})
+    with pytest.raises(ConfigError, match="outside the job's 4 node"):
+        Rendezvous.from_env(TORCHRUN | {"GROUP_RANK": "4"})
+
+
+def test_cluster_settings_come_from_the_environment_and_are_checked() -> None:
+    config = FastdataConfig.from_env(
+        {
+            "FASTDATA_CLUSTER_ENABLED": "true",
+            "FASTDATA_CLUSTER_PEERS": "a:1, b:2",
+            "FASTDATA_CLUSTER_NODE": "1",
+            "FASTDATA_CLUSTER_TOKEN": "s3cret",
+            "FASTDATA_CLUSTER_TIMEOUT_S": "2.5",
+        }
+    )
+    assert config.cluster.enabled
+    assert config.cluster.peer_list == ["a:1", "b:2"]
+    assert (config.cluster.node, config.cluster.timeout_s) == (1, 2.5)
+    directory = cluster_directory(config.cluster)
+    assert (directory.node, directory.nodes, directory.token) == (1, (0, 1), "s3cret")
+    assert directory.listen() == ("b", 2)
+    with pytest.raises(ConfigError, match="timeout_s"):
+        ClusterConfig(timeout_s=0)
+    with pytest.raises(ConfigError, match="cluster node"):
+        ClusterConfig(node=-1)
+
+
+def test_without_torchrun_or_a_peer_list_the_cluster_cache_says_what_it_needs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in TORCHRUN:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConfigError, match="needs torchrun"):
+        cluster_directory(ClusterConfig(enabled=True))
+    with pytest.raises(ConfigError, match="FASTDATA_CLUSTER_NODE"):
+        cluster_directory(ClusterConfig(enabled=True, peers="a:1,b:2"))
+
+
+def test_dataset_cluster_cache_is_checked(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "x.bin").write_bytes(b"x")
+    with pytest.raises(ConfigError, match="cluster_cache must be True or False"):
+        fastdata.Dataset(tmp_path / "d", cluster_cache="yes")  # type: ignore[arg-type]
+    off = FastdataConfig(cache=CacheConfig(enabled=False))
+    with pytest.raises(ConfigError, match="the cache is disabled"):
+        fastdata.Dataset(tmp_path / "d", config=off, cluster_cache=True)
+    bad = FastdataConfig(cluster=ClusterConfig(peers="a:1,a:1", node=0, token="t"))
+    with pytest.raises(ConfigError, match="distinct"):
+        with_cluster(bad)
+    peers = f"127.0.0.1:{free_port()}"
+    listed = FastdataConfig(
+        cache=CacheConfig(dir=str(tmp_path / "c"), min_free_bytes=0),
+        cluster=ClusterConfig(peers=peers, node=0, token="t"),
+    )
+    with fastdata.Dataset(tmp_path / "d", config=listed, cluster_cache=True) as dataset:
+        assert dataset.config.cluster.enabled
+        loader = fastdata.DataLoader(dataset, batch_size=1)
+        assert [bytes(b["data"].item(0).numpy()) for b in loader] == [b"x"]
+        stats = loader.stats().cache
+        assert stats is not None
+        peer = next(t for t in stats["tiers"] if t["name"] == "peer")
+        assert peer["state"] == f"ok: node 0 (serving at {peers})"
