@@ -201,6 +201,8 @@ def stats_table(report: CacheReport) -> list[Any]:
             "read / written",
             f"{format_size(c.get('bytes_read', 0))} / {format_size(c.get('bytes_written', 0))}",
         )
+        if report.peer_role:
+            overview.add_row("cluster role", report.peer_role)
     datasets = Table(title="datasets")
     # The id (``clear --dataset`` takes any unique prefix of it) and the name are never
     # cut: a narrow terminal folds them over lines instead.

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from fastdata.cache import LmdbTier
+from fastdata.cache.peer import server_role
 from fastdata.config import CacheConfig
 from fastdata.errors import ConfigError
 from fastdata.ops._saved import open_saved, saved_indexes
@@ -98,6 +99,9 @@ class CacheReport:
     bytes_read, bytes_written (``LmdbTier.node_counters``)."""
     namespaces: tuple[NamespaceReport, ...] = ()
     """Every record namespace with entries: where the bytes are, each record once."""
+    peer_role: str = ""
+    """The node's role in a cluster cache (docs/cluster.md): which process serves its
+    peers and where, or that none does now; ``""`` when the node never served."""
 
     @property
     def hit_rate(self) -> float:
@@ -204,6 +208,7 @@ def cache_stats(config: CacheConfig) -> CacheReport:
             datasets=datasets,
             counters=counters,
             namespaces=_namespaces(tier),
+            peer_role=server_role(cache_dir),
         )
 
 

@@ -251,3 +251,15 @@ def test_prometheus_counts_peer_hits_bytes_latency_and_fallbacks() -> None:
         "fastdata_peer_lookups": 3,
     }
     assert list(_peer_metrics({"tiers": [{"name": "lmdb"}]})) == []
+
+
+def test_fastdata_stats_shows_the_nodes_role(cluster: Callable[..., list[Node]]) -> None:
+    from fastdata.ops import cache_stats
+
+    (a,) = cluster(1)
+    a.read([0, 1])
+    assert a.cache.flush(30)
+    role = cache_stats(a.config).peer_role
+    assert role.startswith(f"node 0 serving at {a.peer.serving} (pid ")
+    a.cache.close()
+    assert cache_stats(a.config).peer_role.startswith("no peer server runs now (last: node 0")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from fastdata.cache.peer._directory import PeerDirectory, StaticDirectory, split_address
 from fastdata.cache.peer._owner import Ownership, owners
-from fastdata.cache.peer._server import PeerServer, elect
+from fastdata.cache.peer._server import PeerServer, elect, server_role
 from fastdata.cache.peer._tier import OwnedTier, PeerTier
 from fastdata.cache.peer._transport import (
     TOKEN_HEADER,
@@ -47,5 +47,6 @@ __all__ = [
     "encode_get",
     "encode_put",
     "owners",
+    "server_role",
     "split_address",
 ]

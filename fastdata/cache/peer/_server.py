@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from fastdata._fork import current_pid
 from fastdata.cache.lmdb import LmdbTier
 from fastdata.cache.peer._transport import TOKEN_HEADER
 from fastdata.cache.peer._wire import WireError, decode_get, decode_put, encode_answer
@@ -35,7 +36,7 @@ from fastdata.cache.tier import CacheItem
 from fastdata.config import CacheConfig
 from fastdata.errors import CacheError
 
-__all__ = ["PeerServer", "elect"]
+__all__ = ["PeerServer", "announce", "elect", "server_role"]
 
 _log = logging.getLogger("fastdata.cache.peer")
 
@@ -56,6 +57,33 @@ def elect(root: Path) -> int | None:
             return None
         raise
     return fd
+
+
+def announce(fd: int, node: int, address: str) -> None:
+    """Write what the elected process serves into the lock file it holds (what
+    :func:`server_role` and ``fastdata stats`` read)."""
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"node {node} serving at {address} (pid {current_pid()})".encode(), 0)
+
+
+def server_role(root: Path) -> str:
+    """This node's role in a cluster cache, from ``<root>/peer.lock``: ``""`` when no
+    process of the node ever served, else who serves now or that nobody does."""
+    path = root / "peer.lock"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return ""
+    try:
+        text = os.pread(fd, 512, 0).decode(errors="replace").strip()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return text or "a peer server runs"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return f"no peer server runs now (last: {text})" if text else "no peer server runs now"
+    finally:
+        os.close(fd)
 
 
 class PeerServer:

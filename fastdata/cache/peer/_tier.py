@@ -36,7 +36,7 @@ from typing import Any
 from fastdata._fork import reset_in_forked_child
 from fastdata.cache.peer._directory import PeerDirectory
 from fastdata.cache.peer._owner import Ownership
-from fastdata.cache.peer._server import PeerServer, elect
+from fastdata.cache.peer._server import PeerServer, announce, elect
 from fastdata.cache.peer._transport import HttpTransport, PeerTransport, PeerUnavailable
 from fastdata.cache.peer._wire import (
     WireError,
@@ -167,6 +167,7 @@ class PeerTier:
                 os.close(fd)
                 raise
             self._server, self._lock_fd = server, fd
+            announce(fd, self.ownership.node, server.address)
         self.directory.publish(server.address)
         _log.info("node %d serves its cache to peers at %s", self.ownership.node, server.address)
 
