@@ -263,3 +263,21 @@ def test_fastdata_stats_shows_the_nodes_role(cluster: Callable[..., list[Node]])
     assert role.startswith(f"node 0 serving at {a.peer.serving} (pid ")
     a.cache.close()
     assert cache_stats(a.config).peer_role.startswith("no peer server runs now (last: node 0")
+
+
+def test_a_node_leaving_between_epochs_costs_only_its_share(
+    cluster: Callable[..., list[Node]],
+) -> None:
+    ids = list(range(N))
+    three = cluster(3)
+    three[0].read(ids)  # the cold epoch: every record sent to its owner
+    for node in three:
+        assert node.cache.flush(30)
+        node.cache.close()
+    a, b = cluster(2)  # node 2 left; nodes 0 and 1 keep their cache directories
+    assert a.read(ids) == [a.source.expected(i) for i in ids]
+    # Only the keys node 2 owned moved (NOTE[peer-ownership]); nothing else is refetched.
+    assert sorted(a.source.samples_read) == owned_by(2, 3)
+    assert a.cache.flush(30)
+    assert b.read(ids) == [b.source.expected(i) for i in ids]
+    assert sorted(b.source.samples_read) == []  # a sent node 2's old share to its new owner
