@@ -154,6 +154,7 @@ def test_a_corrupt_answer_is_detected_counted_and_read_from_the_store(
     stats = a.peer_stats()
     assert stats["corruptions"] == 1  # the last record of the answer
     assert stats["hits"] == 9
+    assert stats["fall_throughs"] == 0  # a bad answer is not an unreachable peer
     assert a.source.samples_read == [theirs[-1]]  # that one came from the store
 
 
@@ -281,3 +282,16 @@ def test_a_node_leaving_between_epochs_costs_only_its_share(
     assert a.cache.flush(30)
     assert b.read(ids) == [b.source.expected(i) for i in ids]
     assert sorted(b.source.samples_read) == []  # a sent node 2's old share to its new owner
+
+
+def test_an_answer_that_is_not_the_wire_format_is_all_read_from_the_store(
+    cluster: Callable[..., list[Node]],
+) -> None:
+    a, b = cluster(2, hooks={1: {"mangle": lambda body: b"FDPA" + body[8:]}})
+    theirs = owned_by(1, 2)[:6]
+    b.read(theirs)
+    assert b.cache.flush(30)
+    assert a.read(theirs) == [a.source.expected(i) for i in theirs]
+    stats = a.peer_stats()
+    assert (stats["hits"], stats["corruptions"]) == (0, 6)
+    assert sorted(a.source.samples_read) == sorted(theirs)

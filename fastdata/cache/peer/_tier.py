@@ -280,7 +280,7 @@ class PeerTier:
             values = decode_answer(answer, len(idx))
         except WireError as exc:
             self._warn_bad(node, exc)
-            return 0, len(idx), len(idx)
+            return 0, len(idx), 0
         records, wrong = verify_entries(values, want_keys, want_fps)
         if wrong:
             self._warn_bad(node, f"{len(wrong)} record(s) failed their header or checksum")
@@ -289,7 +289,7 @@ class PeerTier:
             if rec is not None:
                 buffers[i] = rec
                 hits += 1
-        return hits, len(wrong), len(wrong)
+        return hits, len(wrong), 0
 
     def _warn_bad(self, node: int, why: object) -> None:
         _log.warning(
