@@ -295,3 +295,21 @@ def test_an_answer_that_is_not_the_wire_format_is_all_read_from_the_store(
     stats = a.peer_stats()
     assert (stats["hits"], stats["corruptions"]) == (0, 6)
     assert sorted(a.source.samples_read) == sorted(theirs)
+
+
+def test_a_node_joining_between_epochs_costs_at_most_its_new_share(
+    cluster: Callable[..., list[Node]],
+) -> None:
+    ids = list(range(N))
+    two = cluster(2)
+    two[0].read(ids)
+    for node in two:
+        assert node.cache.flush(30)
+        node.cache.close()
+    a, _b, _c = cluster(3)  # node 2 joined with an empty cache
+    assert a.read(ids) == [a.source.expected(i) for i in ids]
+    # What moved to node 2 from node 1 comes from the store once; node 0 still holds
+    # what moved from itself, and everything else stayed with its owner.
+    moved_from_1 = sorted(set(owned_by(2, 3)) & set(owned_by(1, 2)))
+    assert sorted(a.source.samples_read) == moved_from_1
+    assert len(moved_from_1) <= len(owned_by(2, 3)) <= N // 3 + N // 10
