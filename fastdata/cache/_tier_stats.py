@@ -92,7 +92,7 @@ class TierStats:
     """
 
     name: str = ""
-    """Which tier: ``ram`` or ``lmdb``."""
+    """Which tier: ``ram``, ``lmdb`` or ``peer`` (the cross-node level, docs/cluster.md)."""
     hits: int = node_counter()
     """Keys found with the expected fingerprint and a valid checksum."""
     misses: int = node_counter()

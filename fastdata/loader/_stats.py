@@ -34,7 +34,7 @@ class CacheStatsDict(TypedDict):
     """``CacheStats.as_dict()``: the read-through cache's counters."""
 
     tiers: list[dict[str, Any]]
-    """``TierStats.as_dict()`` of each tier, fastest first (``"name"``: ram, lmdb)."""
+    """``TierStats.as_dict()`` of each tier, fastest first (``"name"``: ram, lmdb, peer)."""
     requests: int
     samples: int
     source_reads: int
