@@ -12,16 +12,17 @@ the store; records read from the store are sent to their owner. The modules:
   election (NOTE[peer-election], NOTE[peer-security]);
 - ``_directory.py``: ``PeerDirectory`` (who the nodes are, where they listen, the token)
   and ``StaticDirectory`` (an explicit list of addresses);
-- ``_tier.py``: ``PeerTier`` (NOTE[peer-tier]) and ``OwnedTier``, the LMDB tier's
-  ownership filter (NOTE[peer-admission]).
+- ``_tier.py``: ``PeerTier`` (NOTE[peer-tier]);
+- ``_owned.py``: ``OwnedTier``, the LMDB tier's ownership filter (NOTE[peer-admission]).
 """
 
 from __future__ import annotations
 
 from fastdata.cache.peer._directory import PeerDirectory, StaticDirectory, split_address
+from fastdata.cache.peer._owned import OwnedTier
 from fastdata.cache.peer._owner import Ownership, owners
 from fastdata.cache.peer._server import PeerServer, elect, server_role
-from fastdata.cache.peer._tier import OwnedTier, PeerTier
+from fastdata.cache.peer._tier import PeerTier
 from fastdata.cache.peer._transport import (
     TOKEN_HEADER,
     HttpTransport,

@@ -1,4 +1,4 @@
-"""PeerTier, the cross-node level, and OwnedTier, the node tier's ownership filter.
+"""PeerTier, the cross-node level (its LMDB tier's filter, ``OwnedTier``, is ``_owned.py``'s).
 
 NOTE[peer-tier]: a key this node does not own is asked of its owner (NOTE[peer-ownership])
 before the store. One request per owner per batch, all owners at once; each answer is
@@ -13,20 +13,12 @@ request's). So a peer can slow a batch by at most one timeout, never corrupt or 
 Records the chain read from the store are offered here too (the write-behind thread,
 NOTE[write-behind]): those owned by another node are sent to it (a put), so the owner's
 share fills from every node's first epoch.
-
-NOTE[peer-admission]: with the cluster cache on, the node's LMDB tier admits only the
-records this node owns (:class:`OwnedTier`), whoever read them: its own ranks' misses and
-its peers' puts. A record owned by another node stays in the reading process's RAM tier
-only. Why: the cluster holds min(1, N*C/D) of the data only if every node spends its
-budget on its own share; a node that also kept what its ranks read would fill up with
-others' records in the first epoch (two thirds of its reads, with three nodes) and reject
-part of its share, and those records are one peer request away anyway. Within the owned
-share the LMDB admission policy is unchanged (admit while there is room, then keep).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -50,13 +42,12 @@ from fastdata.cache.tier import (
     DatasetInfo,
     Lease,
     StatsRecorder,
-    Tier,
     TierStats,
     check_keys,
 )
 from fastdata.config import CacheConfig, ClusterConfig
 
-__all__ = ["OwnedTier", "PeerTier"]
+__all__ = ["PeerTier"]
 
 _log = logging.getLogger("fastdata.cache.peer")
 
@@ -115,8 +106,6 @@ class PeerTier:
         """Per-process state; again in a forked child (NOTE[fork], NOTE[peer-election])."""
         lock_fd = getattr(self, "_lock_fd", None)
         if lock_fd is not None:  # a child's copy of the parent's lock: the parent keeps it
-            import os
-
             os.close(lock_fd)
         self._lock = threading.Lock()
         self._stats = StatsRecorder()
@@ -162,8 +151,6 @@ class PeerTier:
                     mangle=self._mangle,
                 )
             except Exception:
-                import os
-
                 os.close(fd)
                 raise
             self._server, self._lock_fd = server, fd
@@ -362,60 +349,5 @@ class PeerTier:
         if server is not None:
             server.close()
         if fd is not None:
-            import os
-
             os.close(fd)
         self._transport.close()
-
-
-class OwnedTier:
-    """The node's LMDB tier, admitting only what this node owns (NOTE[peer-admission]).
-
-    Reads, eviction, datasets and stats are the inner tier's, delegated method by method.
-
-    Args:
-        inner: The node tier (``LmdbTier``).
-        ownership: The job's nodes and this node.
-    """
-
-    in_process = False
-
-    def __init__(self, inner: Tier, ownership: Ownership) -> None:
-        self.inner = inner
-        self.ownership = ownership
-        self.name = inner.name
-
-    def put_many(self, items: Sequence[CacheItem]) -> int:
-        """Offer the records this node owns to the inner tier; the rest are not offered."""
-        owned = self.ownership.owned([it.key for it in items])
-        mine = [it for it, keep in zip(items, owned, strict=True) if keep]
-        return self.inner.put_many(mine) if mine else 0
-
-    def get_many(
-        self, keys: Sequence[bytes], fingerprints: Sequence[bytes], *, defer_verify: bool = False
-    ) -> Lease:
-        return self.inner.get_many(keys, fingerprints, defer_verify=defer_verify)
-
-    def drop_corrupt(self, keys: Sequence[bytes]) -> int:
-        return self.inner.drop_corrupt(keys)
-
-    def evict(self, keys: Sequence[bytes]) -> int:
-        return self.inner.evict(keys)
-
-    def hint(self, upcoming_keys: Sequence[bytes]) -> None:
-        self.inner.hint(upcoming_keys)
-
-    def register_dataset(self, dataset_id: bytes, *, num_samples: int, name: str = "") -> bool:
-        return self.inner.register_dataset(dataset_id, num_samples=num_samples, name=name)
-
-    def datasets(self) -> list[DatasetInfo]:
-        return self.inner.datasets()
-
-    def clear(self, dataset_id: bytes | None = None) -> int:
-        return self.inner.clear(dataset_id)
-
-    def stats(self) -> TierStats:
-        return self.inner.stats()
-
-    def close(self) -> None:
-        self.inner.close()
