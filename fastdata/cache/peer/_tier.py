@@ -7,8 +7,9 @@ answers a non-200 status makes its keys fall through to the store (``fall_throug
 and is left alone for a backoff (1 s doubling to 60 s) so later batches do not wait for
 it again; an answer that fails a check makes the bad keys fall through and counts them
 (``corruptions``). The timeout of a request is 4x the observed mean latency plus 0.1 s,
-at least 0.25 s and at most ``ClusterConfig.timeout_s`` (the ceiling, also the first
-request's). So a peer can slow a batch by at most one timeout, never corrupt or stop it.
+at least 1 s (a busy host must not look dead) and at most ``ClusterConfig.timeout_s``
+(the ceiling, also the first request's). So a peer can slow a batch by at most one
+timeout, never corrupt or stop it.
 
 Records the chain read from the store are offered here too (the write-behind thread,
 NOTE[write-behind]): those owned by another node are sent to it (a put), so the owner's
@@ -52,7 +53,7 @@ __all__ = ["PeerTier"]
 _log = logging.getLogger("fastdata.cache.peer")
 
 _ELECT_EVERY_S = 5.0
-_FLOOR_S = 0.25
+_FLOOR_S = 1.0
 _BACKOFF_S = (1.0, 60.0)
 
 
