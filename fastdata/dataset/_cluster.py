@@ -5,9 +5,10 @@ store at ``MASTER_ADDR:MASTER_PORT``); every process connects to it as a client,
 there is no service to deploy. Node ``i`` is ``GROUP_RANK``; the job token is made once,
 by whichever process comes first, with ``compare_set`` (every later one reads the same
 value); the process elected to serve its node (NOTE[peer-election]) publishes its
-``host:port`` under ``fastdata/cluster/<run id>/peer/<node>``. A process waits at most
-``ClusterConfig.wait_s`` for every node to publish; a node that has not published yet is
-skipped (its keys come from the store) and looked up again later. Outside torchrun the
+``host:port`` under ``fastdata/cluster/<run id>/peer/<node>``. The node's first process
+waits at most ``ClusterConfig.wait_s`` for every node to publish (later processes of the
+node do not wait again); a node that has not published yet is skipped (its keys come
+from the store) and looked up again later. Outside torchrun the
 addresses and the token are given (``ClusterConfig.peers``, ``node``, ``token``). torch is
 imported here, in the dataset package, because the TCPStore is torch's.
 """
@@ -100,11 +101,22 @@ class RendezvousDirectory:
             return None
 
     def wait_all(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` until every node has published; ``False`` on timeout."""
+        """Wait up to ``timeout_s`` until every node has published; ``False`` on timeout.
+
+        Only the node's first process waits: it then marks the node as having waited,
+        and later processes of the node (DataLoader workers of later epochs) skip the
+        wait, so a node that never came up costs one wait per job, not one per epoch.
+        """
         keys = [self._key(n) for n in self.nodes]
+        done = f"{self._prefix}waited/{self.node}"
         try:
             with self._lock:
-                self._store.wait(keys, timedelta(seconds=max(0.001, timeout_s)))
+                if self._store.check([done]):
+                    return bool(self._store.check(keys))
+                try:
+                    self._store.wait(keys, timedelta(seconds=max(0.001, timeout_s)))
+                finally:
+                    self._store.set(done, "1")
         except (RuntimeError, OSError) as exc:
             _log.warning(
                 "not every node published its peer address within %.0f s (%s); their "
