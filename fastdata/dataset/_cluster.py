@@ -20,6 +20,7 @@ import logging
 import secrets
 import socket
 import threading
+import time
 from datetime import timedelta
 
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # torch re-exports it untyped
@@ -32,6 +33,9 @@ from fastdata.errors import ConfigError
 __all__ = ["RendezvousDirectory", "cluster_directory", "open_cluster_tiers", "with_cluster"]
 
 _log = logging.getLogger("fastdata.dataset")
+
+_POLL_S = 0.05
+"""How often a process waiting for the other nodes looks again."""
 
 
 class RendezvousDirectory:
@@ -109,23 +113,33 @@ class RendezvousDirectory:
         """
         keys = [self._key(n) for n in self.nodes]
         done = f"{self._prefix}waited/{self.node}"
+        # Polled with check(), which never blocks, rather than TCPStore.wait(timeout):
+        # this client is used by every later lookup, and what a wait that timed out
+        # leaves behind on it is not documented.
+        deadline = time.monotonic() + timeout_s
         try:
             with self._lock:
                 if self._store.check([done]):
                     return bool(self._store.check(keys))
-                try:
-                    self._store.wait(keys, timedelta(seconds=max(0.001, timeout_s)))
-                finally:
-                    self._store.set(done, "1")
-        except (RuntimeError, OSError) as exc:
-            _log.warning(
-                "not every node published its peer address within %.0f s (%s); their "
-                "records come from the store until they do",
-                timeout_s,
-                exc,
-            )
+            while True:
+                with self._lock:
+                    if self._store.check(keys):
+                        self._store.set(done, "1")
+                        return True
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(_POLL_S)
+            with self._lock:
+                self._store.set(done, "1")
+        except (RuntimeError, OSError) as exc:  # the store went away
+            _log.warning("the rendezvous store failed while waiting for the nodes: %s", exc)
             return False
-        return True
+        _log.warning(
+            "not every node published its peer address within %.0f s; their records come "
+            "from the store until they do",
+            timeout_s,
+        )
+        return False
 
 
 def _local_address(host: str, port: int) -> str:

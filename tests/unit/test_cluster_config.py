@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -90,3 +92,71 @@ def test_dataset_cluster_cache_is_checked(tmp_path: Path) -> None:
         assert stats is not None
         peer = next(t for t in stats["tiers"] if t["name"] == "peer")
         assert peer["state"] == f"ok: node 0 (serving at {peers})"
+
+
+def eventually(check: Any) -> Any:
+    """``check()`` once it is truthy: a TCPStore ``set`` from another client is not
+    acknowledged, so its key appears to others a moment later (bounded: 10 s)."""
+    deadline = time.monotonic() + 10
+    while not (value := check()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return value
+
+
+def test_the_rendezvous_store_gives_one_token_and_every_published_address() -> None:
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from fastdata.dataset import RendezvousDirectory
+
+    port = free_port()
+    master = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30))
+    try:
+        cluster = ClusterConfig(enabled=True, wait_s=0.2)
+        nodes = [
+            RendezvousDirectory(Rendezvous("127.0.0.1", port, node, 2, "job"), cluster)
+            for node in (0, 1)
+        ]
+        assert nodes[0].token == nodes[1].token != ""
+        assert nodes[0].listen() == ("127.0.0.1", 0)
+        assert nodes[0].address(1) is None
+        assert nodes[0].wait_all(0.2) is False  # nobody published: bounded, then go on
+        nodes[1].publish("127.0.0.1:4242")
+        assert eventually(lambda: nodes[0].address(1)) == "127.0.0.1:4242"
+        nodes[0].publish("127.0.0.1:4141")
+        assert eventually(lambda: nodes[1].address(0)) == "127.0.0.1:4141"
+        # The node's later processes do not wait again (one wait per job and node).
+        later = RendezvousDirectory(Rendezvous("127.0.0.1", port, 0, 2, "job"), cluster)
+        assert later.wait_all(30) is True
+        other_job = RendezvousDirectory(Rendezvous("127.0.0.1", port, 0, 2, "job2"), cluster)
+        assert other_job.token != nodes[0].token
+        assert other_job.address(1) is None
+    finally:
+        del master  # the store stops with its master
+
+
+def test_only_a_nodes_first_process_waits_for_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from fastdata.dataset import RendezvousDirectory, _cluster
+
+    port = free_port()
+    master = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30))
+    try:
+        cluster = ClusterConfig(enabled=True)
+        first = RendezvousDirectory(Rendezvous("127.0.0.1", port, 0, 2, "j"), cluster)
+        assert first.wait_all(0.1) is False  # node 1 never comes
+        marker = "fastdata/cluster/j/waited/0"
+        assert eventually(lambda: first._store.check([marker]))
+
+        def no_sleep(seconds: float) -> None:
+            raise AssertionError("a later process of the node waited again")
+
+        monkeypatch.setattr(_cluster.time, "sleep", no_sleep)
+        later = RendezvousDirectory(Rendezvous("127.0.0.1", port, 0, 2, "j"), cluster)
+        assert later.wait_all(60) is False
+    finally:
+        del master  # the store stops with its master
