@@ -95,8 +95,8 @@ def test_dataset_cluster_cache_is_checked(tmp_path: Path) -> None:
 
 
 def eventually(check: Any) -> Any:
-    """``check()`` once it is truthy: a TCPStore ``set`` from another client is not
-    acknowledged, so its key appears to others a moment later (bounded: 10 s)."""
+    """``check()`` once it is truthy (bounded: 10 s): a key another TCPStore client set
+    was seen here to appear to this client a moment after ``set`` returned."""
     deadline = time.monotonic() + 10
     while not (value := check()) and time.monotonic() < deadline:
         time.sleep(0.01)
