@@ -74,7 +74,6 @@ class PeerTier:
         cluster: The cluster settings (timeout ceiling).
         directory: The job's nodes, token and addresses.
         transport: How requests travel (default: :class:`HttpTransport`).
-        serve: Whether this process may run the node's server (NOTE[peer-election]).
         mangle: Test hook handed to the server (see :class:`PeerServer`).
     """
 
@@ -89,7 +88,6 @@ class PeerTier:
         directory: PeerDirectory,
         *,
         transport: PeerTransport | None = None,
-        serve: bool = True,
         mangle: Callable[[bytes], bytes] | None = None,
     ) -> None:
         self.config = config
@@ -97,7 +95,6 @@ class PeerTier:
         self.directory = directory
         self.ownership = Ownership(directory.nodes, directory.node)
         self._given_transport = transport
-        self._serve = serve
         self._mangle = mangle
         self._closed = False
         self._reset()
@@ -132,7 +129,7 @@ class PeerTier:
     def _ensure_server(self) -> None:
         """NOTE[peer-election]: try to become the node's server, now and then."""
         now = time.monotonic()
-        if not self._serve or self._server is not None or now < self._next_elect:
+        if self._server is not None or now < self._next_elect:
             return
         with self._lock:
             if self._closed or self._server is not None or now < self._next_elect:
