@@ -133,7 +133,7 @@ class PeerServer:
             self._tier.close()
             cause = failure[0] if failure else None
             raise CacheError(f"the peer server could not listen on {host}:{port}: {cause}")
-        self.address = f"{host}:{self.port}"
+        self.address = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
         """``host:port`` the server listens on (what the node publishes)."""
 
     def _serve(
