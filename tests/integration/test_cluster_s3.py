@@ -24,7 +24,7 @@ from fastdata.testing.seaweedfs import free_port
 pytestmark = pytest.mark.integration
 
 SCRIPT = Path(__file__).parent / "scripts" / "cluster_reader.py"
-OBJECTS = 240
+OBJECTS = 480
 SIZE = 10 * 1024
 
 
