@@ -313,3 +313,25 @@ def test_a_node_joining_between_epochs_costs_at_most_its_new_share(
     moved_from_1 = sorted(set(owned_by(2, 3)) & set(owned_by(1, 2)))
     assert sorted(a.source.samples_read) == moved_from_1
     assert len(moved_from_1) <= len(owned_by(2, 3)) <= N // 3 + N // 10
+
+
+def test_a_server_that_cannot_listen_fails_start_but_never_a_batch(tmp_path: Path) -> None:
+    from fastdata.errors import CacheError
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        peers = [f"127.0.0.1:{taken.getsockname()[1]}", f"127.0.0.1:{free_port()}"]
+        config = CacheConfig(dir=str(tmp_path / "c"), ram_bytes=0, min_free_bytes=0)
+        tier = PeerTier(config, ClusterConfig(enabled=True), StaticDirectory(peers, 0, TOKEN))
+        with pytest.raises(CacheError, match="could not listen"):
+            tier.start()
+        tier._next_elect = 0.0  # the next read tries the election again
+        keys = FakeSource(N).keys(owned_by(1, 2)[:2])
+        with tier.get_many(keys, keys) as lease:  # node 1 is not there either
+            assert lease.buffers == [None, None]
+        assert tier.serving is None
+        tier.close()
+    finally:
+        taken.close()

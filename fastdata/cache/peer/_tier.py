@@ -47,6 +47,7 @@ from fastdata.cache.tier import (
     check_keys,
 )
 from fastdata.config import CacheConfig, ClusterConfig
+from fastdata.errors import CacheError
 
 __all__ = ["PeerTier"]
 
@@ -121,10 +122,23 @@ class PeerTier:
 
     def start(self) -> str | None:
         """Try now to become the node's server (NOTE[peer-election]); the address it
-        serves at, or ``None`` when another process of the node serves."""
+        serves at, or ``None`` when another process of the node serves.
+
+        Raises:
+            CacheError: This process won the election but its server cannot listen
+                (the address is taken or not this host's).
+        """
         self._next_elect = 0.0
         self._ensure_server()
         return self.serving
+
+    def _try_server(self) -> None:
+        """:meth:`_ensure_server` from a read or a write: a server that cannot start
+        then is logged and retried later; the batch goes on as a client's."""
+        try:
+            self._ensure_server()
+        except CacheError as exc:
+            _log.warning("node %d cannot serve its peers now: %s", self.ownership.node, exc)
 
     def _ensure_server(self) -> None:
         """NOTE[peer-election]: try to become the node's server, now and then."""
@@ -211,7 +225,7 @@ class PeerTier:
         buffers: list[Any] = [None] * len(keys)
         if self._closed or not keys:
             return Lease(buffers)
-        self._ensure_server()
+        self._try_server()
         now = time.monotonic()
         asked: list[tuple[int, list[int]]] = []
         requests: list[tuple[str, str, bytes]] = []
@@ -289,7 +303,7 @@ class PeerTier:
         started = time.perf_counter()
         if self._closed or not items:
             return 0
-        self._ensure_server()
+        self._try_server()
         groups = self._by_owner([it.key for it in items])
         now = time.monotonic()
         requests, sent_groups = [], []
