@@ -177,14 +177,23 @@ def cluster_directory(cluster: ClusterConfig) -> PeerDirectory:
 
 def open_cluster_tiers(config: FastdataConfig) -> list[Tier]:
     """The cache tiers of a node of a cluster (``fastdata.cache.cluster_tiers``), its
-    server elected and started, and every node waited for (NOTE[peer-discovery])."""
+    server elected and started, and every node waited for (NOTE[peer-discovery]).
+
+    Raises:
+        ConfigError: The cluster cannot be found (no torchrun, an incomplete peer list).
+        CacheError: This process won its node's election but cannot listen.
+    """
     directory = cluster_directory(config.cluster)
     tiers = cluster_tiers(config.cache, config.cluster, directory)
-    peer = next(t for t in tiers if isinstance(t, PeerTier))
-    peer.start()
-    wait_all = getattr(directory, "wait_all", None)
-    if callable(wait_all):
-        wait_all(config.cluster.wait_s)
+    try:
+        next(t for t in tiers if isinstance(t, PeerTier)).start()
+        wait_all = getattr(directory, "wait_all", None)
+        if callable(wait_all):
+            wait_all(config.cluster.wait_s)
+    except BaseException:
+        for tier in tiers:
+            tier.close()
+        raise
     return tiers
 
 
