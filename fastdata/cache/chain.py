@@ -401,9 +401,17 @@ class ReadThroughCache:
             return False
         return first.holds(self.source.keys(ids), self.source.fingerprints(ids))
 
-    def hint(self, sample_ids: SampleIds) -> None:
+    def hint(self, sample_ids: SampleIds, *, elsewhere: SampleIds | None = None) -> None:
         """Announce the ids read next, in order; forwarded to every tier as keys, and to
-        the source when it has a ``hint(ids)`` (its readahead plan)."""
+        the source when it has a ``hint(ids)`` (its readahead plan).
+
+        Args:
+            sample_ids: The ids this process reads next, in order.
+            elsewhere: Ids that other processes read in the same stretch of the epoch and
+                this one never asks for (NOTE[worker-share] in ``fastdata/dataset``): the
+                source need not fetch them. Passed on when the source's ``hint`` takes
+                them.
+        """
         ids = self._check_ids(sample_ids)
         if not ids:
             return
@@ -411,7 +419,10 @@ class ReadThroughCache:
         # read misses every tier, so a warm epoch fetches nothing ahead.
         source_hint = getattr(self.source, "hint", None)
         if callable(source_hint):
-            source_hint(ids)
+            if elsewhere is not None and len(elsewhere):
+                source_hint(ids, elsewhere=self._check_ids(elsewhere))
+            else:
+                source_hint(ids)
         if not self.tiers:
             return
         keys = self.source.keys(ids)

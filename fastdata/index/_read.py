@@ -9,6 +9,7 @@ layout has them.
 
 from __future__ import annotations
 
+import collections
 import functools
 from collections.abc import Sequence, Set
 from dataclasses import replace
@@ -28,6 +29,12 @@ __all__ = ["MAX_UNIT_BYTES", "MERGE_GAP_BYTES", "UnitReader", "plan_units"]
 MAX_UNIT_BYTES = 16 * 1024 * 1024
 """A run of adjacent samples is fetched in pieces of about this size, so that one long
 run still spreads over concurrent requests. A single larger sample is one piece."""
+SKIP_GAP_BYTES = 1024 * 1024
+"""NOTE[worker-share]: a run of a chunk's samples that other processes read is left out
+of the fetch only when it is at least this long; a shorter one is fetched through. One
+more request costs about what 0.5 MiB of a ranged read does (issue 21's limits: 100 KiB
+GETs at 165 MB/s, 8 MiB ranges at about 1,000 MB/s), and a shuffled walk interleaves the
+workers' samples a few at a time: skipping each such gap made 183 GETs of 66."""
 MERGE_GAP_BYTES = 4096
 """Ranges of one object at most this far apart are fetched as one (tar padding, packed
 alignment, short skips): a few wasted bytes cost less than one more request."""
@@ -99,6 +106,9 @@ class UnitReader:
             )
         self._range_starts: np.ndarray | None = None
         self._kept_bytes: np.ndarray | None = None
+        self._elsewhere: collections.deque[np.ndarray] = collections.deque(maxlen=2)
+        """The other processes' ids of the last two hints (NOTE[worker-share]): a hint
+        covers half the prefetcher's horizon, so two cover the batches in flight."""
 
     def range_starts(self) -> np.ndarray:
         """The first sample id of every shared range: a run of rows with one fetch range
@@ -125,9 +135,13 @@ class UnitReader:
             return self._read_shared(store, ids)
         return self._read_units(store, ids)
 
-    def hint(self, store: Store, ids: np.ndarray) -> None:
+    def hint(self, store: Store, ids: np.ndarray, elsewhere: np.ndarray | None = None) -> None:
         """The samples read next (checked, in order): plan the readahead of their shared
-        ranges (NOTE[range-readahead]). Fetches nothing by itself."""
+        ranges (NOTE[range-readahead]). Fetches nothing by itself. ``elsewhere``: ids
+        that other processes read (NOTE[worker-share]): a fetched chunk leaves out its
+        leading and trailing runs of them."""
+        if self.chunk_bytes and not self.identical and elsewhere is not None:
+            self._elsewhere.append(np.unique(elsewhere))
         if self.shared is None or not self.shared.keeping or len(ids) == 0:
             return
         range_of = np.searchsorted(self.range_starts(), ids, side="right") - 1
@@ -156,34 +170,69 @@ class UnitReader:
         self, store: Store, wanted: Set[int], rids: list[int]
     ) -> dict[int, dict[int, tuple[Any, int]]]:
         """Fetch whole shared ranges: ``{range id: {sample id: (sample, bytes)}}``; a
-        sample outside ``wanted`` that does not decode is left out (NOTE[shard-chunks])."""
+        sample outside ``wanted`` that does not decode is left out (NOTE[shard-chunks]).
+        A chunk's samples that other processes read are left out (NOTE[worker-share])."""
         starts = self.range_starts()
         total = len(self.table)
         lengths = self.table.rows["length"]
         bounds = [
             (int(starts[r]), int(starts[r + 1]) if r + 1 < len(starts) else total) for r in rids
         ]
-        every = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in bounds])
         if self.identical:  # a bad row fails only the reads that ask for it
+            runs = [[bound] for bound in bounds]
+            every = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in bounds])
             samples = self._read_units(store, every, wanted=wanted)
-        else:  # one GET per chunk, whatever the gaps inside it (NOTE[shard-chunks])
-            sizes = np.asarray([b - a for a, b in bounds], dtype=np.int64)
-            chunk_of = np.repeat(np.arange(len(rids)), sizes)
-            samples = self._read_units(store, every, chunk_of, wanted)
+        else:  # one GET per chunk (or run of it), whatever the gaps inside it
+            runs = [self._own_runs(a, b, wanted) for a, b in bounds]
+            flat = [run for chunk in runs for run in chunk]
+            every = np.concatenate(
+                [np.zeros(0, dtype=np.int64)] + [np.arange(a, b, dtype=np.int64) for a, b in flat]
+            )
+            sizes = np.asarray([b - a for a, b in flat], dtype=np.int64)
+            chunk_of = np.repeat(np.arange(len(flat)), sizes)
+            samples = self._read_units(store, every, chunk_of, wanted) if flat else []
         result: dict[int, dict[int, tuple[Any, int]]] = {}
         pos = 0
-        for rid, (a, b) in zip(rids, bounds, strict=True):
-            if self.identical:
-                share = [int(lengths[a]) // max(1, b - a)] * (b - a)
-            else:
-                share = np.asarray(lengths[a:b]).astype(np.int64).tolist()
-            result[rid] = {
-                a + i: (samples[pos + i], share[i])
-                for i in range(b - a)
-                if samples[pos + i] is not None
-            }
-            pos += b - a
+        for rid, (a, b), chunk in zip(rids, bounds, runs, strict=True):
+            rows: dict[int, tuple[Any, int]] = {}
+            for x, y in chunk:
+                if self.identical:
+                    share = [int(lengths[a]) // max(1, b - a)] * (y - x)
+                else:
+                    share = np.asarray(lengths[x:y]).astype(np.int64).tolist()
+                for i in range(y - x):
+                    if samples[pos + i] is not None:
+                        rows[x + i] = (samples[pos + i], share[i])
+                pos += y - x
+            result[rid] = rows
         return result
+
+    def _own_runs(self, a: int, b: int, wanted: Set[int]) -> list[tuple[int, int]]:
+        """The runs of chunk ``[a, b)`` to fetch: without the samples that other processes
+        read and this call does not want (NOTE[worker-share]); the whole chunk when no
+        hint named any (one process, or ids it cannot tell)."""
+        if not self._elsewhere:
+            return [(a, b)]
+        ids = np.arange(a, b, dtype=np.int64)
+        other = np.zeros(b - a, dtype=bool)
+        for seen in self._elsewhere:
+            other |= np.isin(ids, seen, assume_unique=True)
+        if wanted:
+            other &= ~np.isin(ids, np.fromiter(wanted, dtype=np.int64, count=len(wanted)))
+        if not other.any():
+            return [(a, b)]
+        edges = np.diff(np.concatenate([[True], other, [True]]).astype(np.int8))
+        firsts, lasts = np.flatnonzero(edges == -1), np.flatnonzero(edges == 1)
+        if len(firsts) == 0:
+            return []
+        # A gap shorter than SKIP_GAP_BYTES is fetched through: a request costs more.
+        lengths = np.asarray(self.table.rows["length"][a:b]).astype(np.int64)
+        ends = np.concatenate([[0], np.cumsum(lengths)])
+        gaps = ends[firsts[1:]] - ends[lasts[:-1]]
+        cut = np.flatnonzero(gaps >= SKIP_GAP_BYTES)
+        starts = np.concatenate([[firsts[0]], firsts[1:][cut]])
+        stops = np.concatenate([lasts[:-1][cut], [lasts[-1]]])
+        return [(a + int(f), a + int(e)) for f, e in zip(starts, stops, strict=True)]
 
     def _read_shared(self, store: Store, ids: np.ndarray) -> list[Sample]:
         """Read through the kept rows of shared ranges (NOTE[shared-ranges])."""

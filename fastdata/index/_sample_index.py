@@ -314,15 +314,17 @@ class SampleIndex:
                     sample[name] = value
         return out
 
-    def hint(self, store: Store, sample_ids: Any) -> None:
+    def hint(self, store: Store, sample_ids: Any, elsewhere: Any = None) -> None:
         """The samples read next, in order (the cache's hint): plan the readahead of
         their Parquet row groups or shard chunks (NOTE[range-readahead] in
-        ``fastdata/layouts/ranges.py``). Fetches nothing by itself.
+        ``fastdata/layouts/ranges.py``). Fetches nothing by itself. ``elsewhere``: ids
+        other processes read instead (NOTE[worker-share]), left out of fetched chunks.
 
         Raises:
             ConfigError: An id is out of range.
         """
-        self._reader.hint(store, self._ids(sample_ids))
+        other = None if elsewhere is None else self._ids(elsewhere)
+        self._reader.hint(store, self._ids(sample_ids), other)
 
     def source(self, store: Store | None = None) -> IndexSource:
         """This index bound to a store: the cache's ``SampleSource``.
@@ -364,9 +366,9 @@ class IndexSource(BoundSource[SampleIndex]):
         that come from the table: what the cache stores (NOTE[cache-keys])."""
         return self.index.read_samples(self.store, sample_ids, index_fields=False)
 
-    def hint(self, sample_ids: Any) -> None:
+    def hint(self, sample_ids: Any, elsewhere: Any = None) -> None:
         """The samples read next, in order: see :meth:`SampleIndex.hint`."""
-        self.index.hint(self.store, sample_ids)
+        self.index.hint(self.store, sample_ids, elsewhere)
 
     def describe(self, sample_id: int) -> str:
         """See :meth:`SampleIndex.describe`."""
