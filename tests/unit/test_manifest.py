@@ -1,0 +1,231 @@
+"""Issue 22: the manifest published beside the data (file:// datasets, no server).
+
+A fresh node (an empty cache directory) opens a published dataset with no listing, its
+rows fetched part by part as reads reach them; every row's bytes are checked against
+its CRC32C; a torn manifest is refused; a reader keeps the generation it opened.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from fastdata.errors import CorruptRecordError, ObjectChangedError
+from fastdata.index import POINTER_KEY, open_index, publish
+from fastdata.spec import DatasetSpec
+from fastdata.store import ByteRange, ObjectInfo, Store
+from fastdata.testing.data import tar_bytes
+
+
+class CountingStore(Store):
+    """A real store that counts listings and reads, and can damage ranged bodies."""
+
+    def __init__(self, url: str, **kwargs: Any) -> None:
+        super().__init__(url, **kwargs)
+        self.lists = 0
+        self.reads: list[ByteRange] = []
+        self.damage = 0  # bodies of data objects still to damage
+
+    def list(
+        self, prefix: str = "", pattern: str | None = None, *, max_attempts: int | None = None
+    ) -> list[ObjectInfo]:
+        self.lists += 1
+        return super().list(prefix, pattern, max_attempts=max_attempts)
+
+    def get_many(
+        self, requests: Sequence[ByteRange], *, max_attempts: int | None = None
+    ) -> list[Any]:
+        self.reads.extend(requests)
+        got = super().get_many(requests, max_attempts=max_attempts)
+        out = []
+        for req, raw in zip(requests, got, strict=True):
+            if self.damage and not req.path.startswith("_fastdata/") and len(raw):
+                self.damage -= 1
+                flipped = bytearray(raw)
+                flipped[len(flipped) // 2] ^= 0x5A
+                raw = bytes(flipped)
+            out.append(raw)
+        return out
+
+
+def _tar_shards(root: Path, shards: int = 4, per: int = 6) -> dict[str, bytes]:
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(5)
+    truth = {}
+    for s in range(shards):
+        members = []
+        for k in range(per):
+            key = f"{s:02d}{k:03d}"
+            data = rng.bytes(int(rng.integers(300, 3000)))
+            truth[key] = data
+            members += [(f"{key}.bin", data), (f"{key}.cls", str(k).encode())]
+        (root / f"train-{s}.tar").write_bytes(tar_bytes(members))
+    return truth
+
+
+def _spec(root: Path, layout: str = "tar", **kw: Any) -> DatasetSpec:
+    return DatasetSpec(str(root), layout=layout, **kw)
+
+
+def _all(index: Any, store: Store) -> list[Any]:
+    return index.read_samples(store, np.arange(len(index)))
+
+
+def test_a_fresh_node_opens_a_published_tar_dataset_without_listing(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    _tar_shards(root)
+    spec = _spec(root)
+    result = publish(spec, cache_dir=tmp_path / "publisher", part_samples=6)
+    assert result.samples == 24 and result.objects == 4
+    assert (root / POINTER_KEY).exists()
+    listed = open_index(spec, cache_dir=tmp_path / "lister")
+    expected = _all(listed, Store(listed.url))
+
+    store = CountingStore(listed.url)
+    fresh = open_index(spec, store=store, cache_dir=tmp_path / "fresh")
+    assert store.lists == 0
+    assert [r.path for r in store.reads] == [POINTER_KEY, f"_fastdata/{result.generation}/head.npz"]
+    assert fresh.generation == result.generation
+    assert len(fresh) == 24 and fresh.object_count == 4
+    # The first read fetches the one rows part it needs, then the data.
+    store.reads.clear()
+    first = fresh.read_samples(store, [0])
+    parts = [r.path for r in store.reads if r.path.startswith("_fastdata/")]
+    assert parts == [f"_fastdata/{result.generation}/rows-000000.npz"]
+    assert first == expected[:1]
+    assert _all(fresh, store) == expected
+    assert np.array_equal(fresh.unit_sizes(), listed.unit_sizes())
+    assert fresh.keys(np.arange(24)) == listed.keys(np.arange(24))
+    assert fresh.mean_sample_bytes() == listed.mean_sample_bytes()
+    # validate again: one request, the pointer, and the same local generation.
+    store.reads.clear()
+    again = open_index(spec, store=store, cache_dir=tmp_path / "fresh")
+    assert [r.path for r in store.reads] == [POINTER_KEY]
+    assert again.path == fresh.path and store.lists == 0
+
+
+def test_a_published_parquet_dataset_reads_verified_row_groups(tmp_path: Path) -> None:
+    root = tmp_path / "pq"
+    root.mkdir()
+    table = pa.table({"x": np.arange(300, dtype=np.int64), "s": [f"v{i}" for i in range(300)]})
+    pq.write_table(table, root / "a.parquet", row_group_size=50)
+    pq.write_table(table.slice(0, 40), root / "b.parquet", row_group_size=20)
+    spec = _spec(root, layout="parquet")
+    publish(spec, cache_dir=tmp_path / "publisher")
+    store = CountingStore(normalize(root))
+    fresh = open_index(spec, store=store, cache_dir=tmp_path / "fresh")
+    got = fresh.read_samples(store, np.arange(len(fresh)))
+    assert [g["x"] for g in got] == [*range(300), *range(40)]
+    # A damaged row group is fetched again and counted, never delivered.
+    store.damage = 1
+    again = fresh.read_samples(store, [120, 121, 305])
+    assert [g["x"] for g in again] == [120, 121, 5]
+    assert store.stats().corrupt_transfers == 1
+
+
+def normalize(root: Path) -> str:
+    from fastdata.store import normalize_url
+
+    return normalize_url(str(root))
+
+
+def test_every_range_is_checked_and_a_lasting_corruption_names_object_and_range(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "data"
+    _tar_shards(root)
+    spec = _spec(root)
+    publish(spec, cache_dir=tmp_path / "publisher")
+    store = CountingStore(normalize(root))
+    fresh = open_index(spec, store=store, cache_dir=tmp_path / "fresh")
+    expected = fresh.read_samples(store, np.arange(len(fresh)))
+    store.damage = 2  # two bad bodies, then good ones: healed within the attempts
+    assert fresh.read_samples(store, [7]) == expected[7:8]
+    assert store.stats().corrupt_transfers == 2
+    store.damage = 10**6  # sample 20 is in another shard, whose chunk is not kept yet
+    with pytest.raises(CorruptRecordError, match=r"train-3\.tar.*CRC32C.*fastdata publish"):
+        fresh.read_samples(store, [20])
+    assert store.stats().corrupt_transfers == 2 + 3
+
+
+@pytest.mark.parametrize("cut", ["pointer", "head"])
+def test_a_torn_manifest_is_refused_naming_the_object_and_publish(
+    tmp_path: Path, cut: str
+) -> None:
+    root = tmp_path / "data"
+    _tar_shards(root)
+    spec = _spec(root)
+    result = publish(spec, cache_dir=tmp_path / "publisher")
+    target = root / (POINTER_KEY if cut == "pointer" else f"_fastdata/{result.generation}/head.npz")
+    data = target.read_bytes()
+    target.write_bytes(data[: len(data) // 2])
+    name = "manifest.json" if cut == "pointer" else "head.npz"
+    with pytest.raises(CorruptRecordError, match=rf"{name}.*run `fastdata publish"):
+        open_index(spec, cache_dir=tmp_path / "fresh")
+
+
+def test_a_reader_finishes_on_the_generation_it_opened(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    _tar_shards(root, shards=6)
+    spec = _spec(root)
+    old = publish(spec, cache_dir=tmp_path / "publisher", part_samples=6)
+    store = Store(normalize(root))
+    reader = open_index(spec, store=store, cache_dir=tmp_path / "reader")
+    head = reader.read_samples(store, [0, 1])  # one part fetched, five still in the store
+    new = publish(spec, cache_dir=tmp_path / "publisher", part_samples=12)
+    assert new.generation != old.generation
+    assert reader.generation == old.generation
+    rest = reader.read_samples(store, np.arange(2, len(reader)))
+    listed = open_index(spec, cache_dir=tmp_path / "lister")
+    assert head + rest == listed.read_samples(store, np.arange(len(listed)))
+    # The next open sees the new generation; a third publish deletes the oldest.
+    assert open_index(spec, store=store, cache_dir=tmp_path / "reader").generation == (
+        new.generation
+    )
+    publish(spec, cache_dir=tmp_path / "publisher")
+    assert not (root / "_fastdata" / old.generation / "head.npz").exists()
+    assert (root / "_fastdata" / new.generation / "head.npz").exists()
+
+
+def test_an_object_changed_behind_the_manifest_fails_naming_publish(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    _tar_shards(root)
+    spec = _spec(root)
+    publish(spec, cache_dir=tmp_path / "publisher")
+    store = Store(normalize(root))
+    fresh = open_index(spec, store=store, cache_dir=tmp_path / "fresh")
+    shard = root / "train-2.tar"
+    data = shard.read_bytes()
+    shard.write_bytes(data + b"\0" * 512)
+    os.utime(shard, (1, 1))
+    with pytest.raises(ObjectChangedError, match=r"train-2\.tar.*fastdata publish"):
+        fresh.read_samples(store, [13])
+
+
+def test_publish_resumes_from_its_checkpoints(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    _tar_shards(root)
+    spec = _spec(root)
+    first = publish(spec, cache_dir=tmp_path / "publisher")
+    assert first.objects_resumed == 0 and first.bytes_read > 0
+    again = publish(spec, cache_dir=tmp_path / "publisher")
+    assert again.objects_resumed == 4 and again.bytes_read == 0
+    # A manifest is never part of the dataset a listing opens.
+    listed = open_index(spec, cache_dir=tmp_path / "lister")
+    assert all(not listed.object_info(i).path.startswith("_fastdata") for i in range(4))
+
+
+def test_a_spec_the_manifest_was_not_published_for_is_listed(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    _tar_shards(root)
+    publish(_spec(root), cache_dir=tmp_path / "publisher")
+    store = CountingStore(normalize(root))
+    other = open_index(_spec(root, fields=["bin"]), store=store, cache_dir=tmp_path / "x")
+    assert store.lists == 1 and other.generation is None
