@@ -156,9 +156,7 @@ def test_every_range_is_checked_and_a_lasting_corruption_names_object_and_range(
 
 
 @pytest.mark.parametrize("cut", ["pointer", "head"])
-def test_a_torn_manifest_is_refused_naming_the_object_and_publish(
-    tmp_path: Path, cut: str
-) -> None:
+def test_a_torn_manifest_is_refused_naming_the_object_and_publish(tmp_path: Path, cut: str) -> None:
     root = tmp_path / "data"
     _tar_shards(root)
     spec = _spec(root)
@@ -229,3 +227,33 @@ def test_a_spec_the_manifest_was_not_published_for_is_listed(tmp_path: Path) -> 
     store = CountingStore(normalize(root))
     other = open_index(_spec(root, fields=["bin"]), store=store, cache_dir=tmp_path / "x")
     assert store.lists == 1 and other.generation is None
+
+
+def test_the_publish_command_and_pack_publish_what_they_write(tmp_path: Path) -> None:
+    import json
+
+    from fastdata.pack import pack
+    from fastdata.testing.cli import invoke
+
+    root = tmp_path / "data"
+    _tar_shards(root)
+    ran = invoke(
+        ["publish", str(root), "--layout", "tar", "--json"],
+        env={"FASTDATA_CACHE_DIR": str(tmp_path / "publisher")},
+    )
+    assert ran.exit_code == 0, ran.output
+    summary = json.loads(ran.output)
+    assert summary["samples"] == 24 and summary["pointer"] == POINTER_KEY
+    store = CountingStore(normalize(root))
+    fresh = open_index(_spec(root), store=store, cache_dir=tmp_path / "fresh")
+    assert fresh.generation == summary["generation"] and store.lists == 0
+
+    packed = pack(str(root), str(tmp_path / "packed"), layout="tar", cache_dir=str(tmp_path / "c"))
+    assert packed.generation is not None
+    store = CountingStore(normalize(tmp_path / "packed"))
+    opened = open_index(
+        _spec(tmp_path / "packed", layout="packed"), store=store, cache_dir=tmp_path / "fresh2"
+    )
+    assert opened.generation == packed.generation and store.lists == 0
+    got = opened.read_samples(store, np.arange(len(opened)))
+    assert len(got) == 24
