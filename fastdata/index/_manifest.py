@@ -48,6 +48,7 @@ import google_crc32c
 import numpy as np
 
 from fastdata.errors import CorruptRecordError, ObjectNotFoundError
+from fastdata.index._keys import dataset_id
 from fastdata.layouts.base import ROW_DTYPE
 from fastdata.layouts.table import SampleTable, TableVersions
 from fastdata.store import ByteRange, ObjectInfo, Store
@@ -334,6 +335,10 @@ def materialize(store: Store, pointer: Pointer, versions: TableVersions) -> Samp
             url, key, f"holds {len(objects)} objects and {n} samples, not its pointer's"
         )
     meta["manifest"] = {"generation": pointer.generation, "published_at": pointer.published_at}
+    # The reader's server identity, not the publisher's (one store may have several
+    # endpoints): the cache keys of NOTE[cache-keys] are this node's, as for a listing.
+    meta["store_identity"] = store.identity
+    meta["dataset_id"] = dataset_id(store.identity, meta["url"]).hex()
     meta["built_at"] = pointer.published_at
     built = versions.build_dir()
     try:

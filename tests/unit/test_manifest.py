@@ -83,7 +83,8 @@ def test_a_fresh_node_opens_a_published_tar_dataset_without_listing(tmp_path: Pa
     _tar_shards(root)
     spec = _spec(root)
     result = publish(spec, cache_dir=tmp_path / "publisher", part_samples=6)
-    assert result.samples == 24 and result.objects == 4
+    assert result.samples == 24
+    assert result.objects == 4
     assert (root / POINTER_KEY).exists()
     listed = open_index(spec, cache_dir=tmp_path / "lister")
     expected = _all(listed, Store(listed.url))
@@ -93,7 +94,8 @@ def test_a_fresh_node_opens_a_published_tar_dataset_without_listing(tmp_path: Pa
     assert store.lists == 0
     assert [r.path for r in store.reads] == [POINTER_KEY, f"_fastdata/{result.generation}/head.npz"]
     assert fresh.generation == result.generation
-    assert len(fresh) == 24 and fresh.object_count == 4
+    assert len(fresh) == 24
+    assert fresh.object_count == 4
     # The first read fetches the one rows part it needs, then the data.
     store.reads.clear()
     first = fresh.read_samples(store, [0])
@@ -108,7 +110,8 @@ def test_a_fresh_node_opens_a_published_tar_dataset_without_listing(tmp_path: Pa
     store.reads.clear()
     again = open_index(spec, store=store, cache_dir=tmp_path / "fresh")
     assert [r.path for r in store.reads] == [POINTER_KEY]
-    assert again.path == fresh.path and store.lists == 0
+    assert again.path == fresh.path
+    assert store.lists == 0
 
 
 def test_a_published_parquet_dataset_reads_verified_row_groups(tmp_path: Path) -> None:
@@ -212,9 +215,11 @@ def test_publish_resumes_from_its_checkpoints(tmp_path: Path) -> None:
     _tar_shards(root)
     spec = _spec(root)
     first = publish(spec, cache_dir=tmp_path / "publisher")
-    assert first.objects_resumed == 0 and first.bytes_read > 0
+    assert first.objects_resumed == 0
+    assert first.bytes_read > 0
     again = publish(spec, cache_dir=tmp_path / "publisher")
-    assert again.objects_resumed == 4 and again.bytes_read == 0
+    assert again.objects_resumed == 4
+    assert again.bytes_read == 0
     # A manifest is never part of the dataset a listing opens.
     listed = open_index(spec, cache_dir=tmp_path / "lister")
     assert all(not listed.object_info(i).path.startswith("_fastdata") for i in range(4))
@@ -226,7 +231,8 @@ def test_a_spec_the_manifest_was_not_published_for_is_listed(tmp_path: Path) -> 
     publish(_spec(root), cache_dir=tmp_path / "publisher")
     store = CountingStore(normalize(root))
     other = open_index(_spec(root, fields=["bin"]), store=store, cache_dir=tmp_path / "x")
-    assert store.lists == 1 and other.generation is None
+    assert store.lists == 1
+    assert other.generation is None
 
 
 def test_the_publish_command_and_pack_publish_what_they_write(tmp_path: Path) -> None:
@@ -243,10 +249,12 @@ def test_the_publish_command_and_pack_publish_what_they_write(tmp_path: Path) ->
     )
     assert ran.exit_code == 0, ran.output
     summary = json.loads(ran.output)
-    assert summary["samples"] == 24 and summary["pointer"] == POINTER_KEY
+    assert summary["samples"] == 24
+    assert summary["pointer"] == POINTER_KEY
     store = CountingStore(normalize(root))
     fresh = open_index(_spec(root), store=store, cache_dir=tmp_path / "fresh")
-    assert fresh.generation == summary["generation"] and store.lists == 0
+    assert fresh.generation == summary["generation"]
+    assert store.lists == 0
 
     packed = pack(str(root), str(tmp_path / "packed"), layout="tar", cache_dir=str(tmp_path / "c"))
     assert packed.generation is not None
@@ -254,6 +262,7 @@ def test_the_publish_command_and_pack_publish_what_they_write(tmp_path: Path) ->
     opened = open_index(
         _spec(tmp_path / "packed", layout="packed"), store=store, cache_dir=tmp_path / "fresh2"
     )
-    assert opened.generation == packed.generation and store.lists == 0
+    assert opened.generation == packed.generation
+    assert store.lists == 0
     got = opened.read_samples(store, np.arange(len(opened)))
     assert len(got) == 24
