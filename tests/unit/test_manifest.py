@@ -266,3 +266,31 @@ def test_the_publish_command_and_pack_publish_what_they_write(tmp_path: Path) ->
     assert store.lists == 0
     got = opened.read_samples(store, np.arange(len(opened)))
     assert len(got) == 24
+
+
+def test_doctor_says_which_check_guards_the_reads(tmp_path: Path) -> None:
+    from fastdata.ops._doctor import transfer_checks
+
+    root = tmp_path / "data"
+    _tar_shards(root)
+    listed = open_index(_spec(root), cache_dir=tmp_path / "lister")
+    assert "fastdata publish" in transfer_checks(listed, "auto")
+    result = publish(_spec(root), cache_dir=tmp_path / "publisher")
+    fresh = open_index(_spec(root), cache_dir=tmp_path / "fresh")
+    said = transfer_checks(fresh, "never")
+    assert "CRC32C" in said
+    assert result.generation in said
+
+
+def test_the_manifest_crc_is_the_crc32c_of_io_native() -> None:
+    from fastdata import io_native
+    from fastdata.index._manifest import row_crcs
+    from fastdata.layouts import ROW_DTYPE
+
+    data = os.urandom(5000)
+    rows = np.zeros(3, dtype=ROW_DTYPE)
+    rows["offset"], rows["length"] = [100, 1000, 100], [500, 3000, 500]
+    got = row_crcs(rows, 50, data[50:])
+    assert got.tolist() == [
+        io_native.crc32c(data[a : a + n]) for a, n in [(100, 500), (1000, 3000), (100, 500)]
+    ]
