@@ -87,7 +87,7 @@ class _Request:
         than its layout's (NOTE[scan-version]: it is then built again, from scratch)."""
         if table is None:
             return None
-        index = SampleIndex(table, storage_options=self.storage_options)
+        index = SampleIndex(table, storage_options=self.storage_options, store=self.store)
         if is_current(index):
             return index
         logger.info(
@@ -371,7 +371,7 @@ def _open_published(versions: TableVersions, request: _Request, pointer: Pointer
                 assert found is not None
                 return _using(found, "fetched by another process")
         table = materialize(request.store, pointer, target)
-        return SampleIndex(table, storage_options=request.storage_options)
+        return SampleIndex(table, storage_options=request.storage_options, store=request.store)
 
 
 def _open_validated(

@@ -38,7 +38,11 @@ class SampleIndex:
     """
 
     def __init__(
-        self, table: SampleTable, *, storage_options: Mapping[str, Any] | None = None
+        self,
+        table: SampleTable,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        store: Store | None = None,
     ) -> None:
         self._table = table
         meta = table.meta
@@ -75,7 +79,10 @@ class SampleIndex:
         # NOTE[manifest-parts]: a table opened from a manifest fetches its rows lazily.
         self._parts: ManifestParts | None = None
         if "manifest" in meta:
-            self._parts = ManifestParts(table, Store(self.url, storage_options=storage_options))
+            # The rows parts come through the store the index was opened with, else
+            # through one on its URL (a reader's own store is used where it passes one).
+            parts_store = store or Store(self.url, storage_options=storage_options)
+            self._parts = ManifestParts(table, parts_store)
 
     @property
     def generation(self) -> str | None:
