@@ -416,12 +416,16 @@ def _open_validated(
         pointer = read_pointer(request.store)
         if pointer is not None and _fits(pointer, request):
             return _open_published(versions, request, pointer)
-    found = saved
+    # A table opened from a manifest is never compared with a listing nor reused by a
+    # build: its rows are fetched lazily from a generation that may be gone.
+    found = saved if saved is None or saved.generation is None else None
     if found is not None and found.fingerprint == selection.fingerprint:
         return _using(found, "the listing matches it")
     with _writable(versions, request) as (target, writable):
         if writable:
             found = request.wrap(target.current())
+            if found is not None and found.generation is not None:
+                found = None
         if found is not None and found.fingerprint == selection.fingerprint:
             return _using(found, "the listing matches it")
         if found is not None:

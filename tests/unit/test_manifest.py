@@ -294,3 +294,24 @@ def test_the_manifest_crc_is_the_crc32c_of_io_native() -> None:
     assert got.tolist() == [
         io_native.crc32c(data[a : a + n]) for a, n in [(100, 500), (1000, 3000), (100, 500)]
     ]
+
+
+def test_a_node_that_opened_a_manifest_lists_again_when_it_is_deleted(tmp_path: Path) -> None:
+    import shutil
+
+    root = tmp_path / "data"
+    truth = _tar_shards(root)
+    spec = _spec(root)
+    publish(spec, cache_dir=tmp_path / "node")  # the publisher's node reads it too
+    store = CountingStore(normalize(root))
+    opened = open_index(spec, store=store, cache_dir=tmp_path / "node")
+    assert opened.generation is not None
+    assert store.lists == 1  # its saved index was a listing's: the listing showed the pointer
+    shutil.rmtree(root / "_fastdata")
+    again = open_index(spec, store=store, cache_dir=tmp_path / "node")
+    assert again.generation is None
+    assert store.lists == 2
+    got = again.read_samples(store, np.arange(len(again)))
+    assert sorted(bytes(g["bin"]) for g in got) == sorted(truth.values())
+    # publish again from that node: from its listing, never from the manifest table.
+    assert publish(spec, cache_dir=tmp_path / "node").samples == len(truth)
