@@ -87,19 +87,20 @@ def crc32c(data: Any) -> int:
 
 def row_crcs(rows: np.ndarray, start: int, raw: Any) -> np.ndarray:
     """The CRC32C of each row's bytes ``[offset, offset + length)`` in ``raw``, the
-    fetched bytes of its object from byte ``start`` (rows sharing a range share a CRC)."""
+    fetched bytes of its object from byte ``start`` (rows sharing a span share a CRC).
+
+    One ``google-crc32c`` call per distinct span: 0.7 us per 1 KiB row (1.5 GB/s), 1.5 ms
+    per 8 MiB of 100 KiB rows (5 GB/s), measured here; an 8 MiB GET costs the client
+    about 6 ms of CPU (docs/store.md)."""
     view = np.frombuffer(raw, dtype=np.uint8)
-    out = np.empty(len(rows), dtype=np.uint32)
-    seen: dict[tuple[int, int], int] = {}
-    offsets, lengths = rows["offset"].tolist(), rows["length"].tolist()
-    for i, (offset, length) in enumerate(zip(offsets, lengths, strict=True)):
-        span = (offset, length)
-        crc = seen.get(span)
-        if crc is None:
-            a = offset - start
-            crc = seen[span] = int(google_crc32c.value(view[a : a + length]))
-        out[i] = crc
-    return out
+    offsets = rows["offset"].astype(np.int64) - start
+    lengths = rows["length"].astype(np.int64)
+    spans, inverse = np.unique(np.stack([offsets, lengths]), axis=1, return_inverse=True)
+    value = google_crc32c.value
+    crcs = [
+        value(view[a : a + n]) for a, n in zip(spans[0].tolist(), spans[1].tolist(), strict=True)
+    ]
+    return np.asarray(crcs, dtype=np.uint32)[inverse.reshape(-1)]
 
 
 def _manifest_error(url: str, key: str, what: str) -> CorruptRecordError:

@@ -315,3 +315,35 @@ def test_a_node_that_opened_a_manifest_lists_again_when_it_is_deleted(tmp_path: 
     assert sorted(bytes(g["bin"]) for g in got) == sorted(truth.values())
     # publish again from that node: from its listing, never from the manifest table.
     assert publish(spec, cache_dir=tmp_path / "node").samples == len(truth)
+
+
+def test_a_worker_process_reopens_a_manifest_table_and_shares_its_parts(tmp_path: Path) -> None:
+    import pickle
+
+    root = tmp_path / "data"
+    _tar_shards(root)
+    spec = _spec(root)
+    result = publish(spec, cache_dir=tmp_path / "publisher", part_samples=6)
+    store = CountingStore(normalize(root))
+    parent = open_index(spec, store=store, cache_dir=tmp_path / "node")
+    expected = parent.read_samples(store, [0, 23])  # two parts fetched by the parent
+    child = pickle.loads(pickle.dumps(parent))  # what a DataLoader worker gets
+    assert child.generation == result.generation
+    store.reads.clear()
+    assert child.read_samples(store, [0, 23]) == expected
+    assert not [r for r in store.reads if r.path.startswith("_fastdata/")]  # marked parts
+    assert len(child.read_samples(store, np.arange(24))) == 24
+
+
+def test_warm_fills_the_cache_of_a_published_dataset(tmp_path: Path) -> None:
+    from fastdata.config import CacheConfig, FastdataConfig
+    from fastdata.warm import warm
+
+    root = tmp_path / "data"
+    _tar_shards(root)
+    spec = _spec(root)
+    publish(spec, cache_dir=tmp_path / "publisher")
+    config = FastdataConfig(cache=CacheConfig(dir=str(tmp_path / "node")))
+    done = warm(spec, config=config)
+    assert done.fetched == 24
+    assert done.failed == 0
