@@ -210,3 +210,24 @@ def test_the_pointer_replaced_last_is_what_a_reader_sees(s3_bucket: S3Target) ->
     assert POINTER_KEY in listed
     assert f"_fastdata/{first.generation}/head.npz" in listed  # kept for its readers
     assert f"_fastdata/{second.generation}/head.npz" in listed
+
+
+def test_an_object_overwritten_behind_the_manifest_fails_naming_it_and_publish(
+    s3_bucket: S3Target, tmp_path: Path
+) -> None:
+    from fastdata.errors import ObjectChangedError
+    from fastdata.index import open_index
+
+    url, _ = _tar_dataset(s3_bucket, "changed")
+    spec = DatasetSpec(url, layout="tar", storage_options=s3_bucket.storage_options)
+    publish(spec, cache_dir=tmp_path / "publisher")
+    with Store(url, storage_options=s3_bucket.storage_options) as store:
+        index = open_index(spec, store=store, cache_dir=tmp_path / "node")
+        store.put_many([("shard-003.tar", tar_bytes([("x.bin", b"new bytes")]))])
+        with pytest.raises(ObjectChangedError, match=r"shard-003\.tar.*fastdata publish"):
+            index.read_samples(store, [3 * 30 + 1])
+        # The next validating open still trusts the manifest (one request, no listing):
+        # the pointer names the same generation until someone publishes again.
+        assert open_index(spec, store=store, cache_dir=tmp_path / "node").generation == (
+            index.generation
+        )
