@@ -127,6 +127,7 @@ class ObstoreBackend(Backend):
             "anon": bool(conf.get("skip_signature")),
             "credentials": settings.kwargs.get("credential_provider"),
             "timeout_s": config.request_timeout_s,
+            "verify": not settings.kwargs["client_options"].get("allow_invalid_certificates"),
         }
         self._bucket, self._prefix = bucket, prefix
 
@@ -265,6 +266,7 @@ async def head_first_part(
             "s3",
             endpoint_url=client["endpoint_url"],
             region_name=client["region_name"],
+            verify=client["verify"],
             config=config,
             **kwargs,
         ) as s3:
