@@ -76,6 +76,8 @@ VERSION = 1
 PART_SAMPLES = 1 << 18
 """Samples per rows part, at least (parts hold whole objects): 6 MiB of rows and 1 MiB of
 CRCs, one request when the plan first reaches one of its objects."""
+_PUT_PARTS = 16
+"""Rows parts uploaded at once by ``write_manifest`` (about 110 MiB)."""
 _FETCH_ATTEMPTS = 3
 """Fetches of a manifest object whose CRC32C does not match before it is refused."""
 
@@ -264,6 +266,9 @@ def write_manifest(
         items.append((f"{prefix}/rows-{k:06d}.npz", data))
         sizes.append(len(data))
         part_crcs.append(crc32c(data))
+        if len(items) >= _PUT_PARTS:  # a bounded number of parts in memory at once
+            store.put_many(items)
+            items = []
     infos = [table.object_info(i) for i in range(n_obj)]
     paths, path_end = _blob([o.path.encode("utf-8", "surrogateescape") for o in infos])
     etags, etag_end = _blob([(o.etag or "").encode("utf-8", "surrogateescape") for o in infos])

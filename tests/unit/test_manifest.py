@@ -172,7 +172,12 @@ def test_a_torn_manifest_is_refused_naming_the_object_and_publish(tmp_path: Path
         open_index(spec, cache_dir=tmp_path / "fresh")
 
 
-def test_a_reader_finishes_on_the_generation_it_opened(tmp_path: Path) -> None:
+def test_a_reader_finishes_on_the_generation_it_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fastdata.index._manifest as manifest
+
+    monkeypatch.setattr(manifest, "_PUT_PARTS", 2)  # parts uploaded in several batches
     root = tmp_path / "data"
     _tar_shards(root, shards=6)
     spec = _spec(root)
