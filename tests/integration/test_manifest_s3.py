@@ -196,6 +196,9 @@ def test_a_published_parquet_dataset_through_a_corrupting_proxy_delivers_true_ro
     assert got == truth
     assert stats.store is not None
     assert stats.store["corrupt_transfers"] == flipped
+    cached = _cached(ds, "blob")  # sample i is row i: the files in key order
+    assert len(cached) == n
+    assert all(v == truth[i] for i, v in cached.items())
     ds.close()
 
 
