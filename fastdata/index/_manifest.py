@@ -198,7 +198,11 @@ def _fetch_checked(store: Store, key: str, size: int, crc: int, url: str) -> Any
         try:
             (data,) = store.get_many([ByteRange(key)])
         except ObjectNotFoundError as exc:
-            raise _manifest_error(url, key, "is missing") from exc
+            raise ObjectNotFoundError(
+                f"{url.rstrip('/')}/{key} is missing: its manifest generation was deleted "
+                "(`fastdata publish` keeps the live one and the one before it). Reopen the "
+                f"dataset to read the live generation, or run `fastdata publish {url}` again"
+            ) from exc
         if len(memoryview(data)) == size and crc32c(data) == crc:
             return data
         store.count_corrupt_transfer(key, 0, None)

@@ -352,3 +352,19 @@ def test_warm_fills_the_cache_of_a_published_dataset(tmp_path: Path) -> None:
     done = warm(spec, config=config)
     assert done.fetched == 24
     assert done.failed == 0
+
+
+def test_a_reader_whose_generation_was_deleted_is_told_to_reopen(tmp_path: Path) -> None:
+    from fastdata.errors import ObjectNotFoundError
+
+    root = tmp_path / "data"
+    _tar_shards(root)
+    spec = _spec(root)
+    publish(spec, cache_dir=tmp_path / "publisher", part_samples=6)
+    store = Store(normalize(root))
+    reader = open_index(spec, store=store, cache_dir=tmp_path / "reader")
+    publish(spec, cache_dir=tmp_path / "publisher")
+    publish(spec, cache_dir=tmp_path / "publisher")  # deletes the reader's generation
+    with pytest.raises(ObjectNotFoundError, match=r"rows-000000\.npz is missing.*Reopen"):
+        reader.read_samples(store, [0])
+    assert open_index(spec, store=store, cache_dir=tmp_path / "reader").read_samples(store, [0])
