@@ -422,9 +422,17 @@ class ManifestParts:
         directory = self._table.directory
         rows_rw = np.load(directory / "rows.npy", mmap_mode="r+", allow_pickle=False)
         crcs_rw = np.load(directory / "crcs.npy", mmap_mode="r+", allow_pickle=False)
-        for k in parts:
-            key = f"{prefix}/rows-{k:06d}.npz"
-            data = _fetch_checked(store, key, int(sizes[k]), int(crcs[k]), url)
+        keys = [f"{prefix}/rows-{k:06d}.npz" for k in parts]
+        try:  # every missing part at once (one round trip), each checked below
+            fetched: list[Any] = list(store.get_many([ByteRange(key) for key in keys]))
+        except ObjectNotFoundError:
+            fetched = [None] * len(keys)  # _fetch_checked says which one is missing
+        for k, key, data in zip(parts, keys, fetched, strict=True):
+            size, crc = int(sizes[k]), int(crcs[k])
+            if data is None or len(memoryview(data)) != size or crc32c(data) != crc:
+                if data is not None:
+                    store.count_corrupt_transfer(key, 0, None)
+                data = _fetch_checked(store, key, size, crc, url)
             part = _unnpz(data, url, key)
             a, b = int(self._first[k]), int(self._first[k + 1])
             got_rows, got_crcs = part.get("rows"), part.get("crcs")
