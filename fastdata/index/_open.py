@@ -208,20 +208,23 @@ def open_listed(
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> SampleIndex:
     """The index of ``spec`` from a listing of the store, never from its published
-    manifest: what ``fastdata publish`` publishes (``validate`` whatever the spec says)."""
-    return _open(
-        replace(spec, consistency="validate"),
-        store=store,
-        cache_dir=cache_dir,
-        layout=None,
-        pattern=None,
-        fields=None,
-        storage_options=None,
-        consistency="validate",
-        strict=False,
-        use_manifest=False,
-        layout_options={},
-    )
+    manifest: what ``fastdata publish`` publishes (``validate`` whatever the spec says).
+    A changed dataset is logged, not warned about: publishing it is the point."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DatasetChangedWarning)
+        return _open(
+            replace(spec, consistency="validate"),
+            store=store,
+            cache_dir=cache_dir,
+            layout=None,
+            pattern=None,
+            fields=None,
+            storage_options=None,
+            consistency="validate",
+            strict=False,
+            use_manifest=False,
+            layout_options={},
+        )
 
 
 def _open(
