@@ -102,6 +102,19 @@ def test_a_fresh_node_opens_a_published_dataset_with_no_listing_and_three_reques
             )
         loader.close()
         history = proxy.history()
+        # validate again on that node: one request, the pointer, compared; nothing else.
+        again = fastdata.Dataset(
+            url,
+            layout="tar",
+            shuffle=False,
+            metadata=("__member__",),
+            storage_options=_through(proxy, s3_bucket),
+            config=_config(tmp_path / "fresh-node"),
+        )
+        reopened = proxy.history()[len(history) :]
+        assert [r.path.rsplit("/", 1)[-1] for r in reopened] == ["manifest.json"]
+        assert again.index.generation == result.generation
+        again.close()
     listing = f"/{s3_bucket.bucket}"
     assert not [r for r in history if r.path.rstrip("/") == listing]  # no LIST at all
     first_data = next(i for i, r in enumerate(history) if r.path.endswith(".tar"))
