@@ -388,3 +388,19 @@ def test_damaged_rows_parts_are_fetched_again_and_counted(tmp_path: Path) -> Non
     store.damage_manifest = 2  # the first two parts' bodies
     assert np.array_equal(fresh.locations(np.arange(24)), listed.locations(np.arange(24)))
     assert store.stats().corrupt_transfers == 2
+
+
+def test_an_immutable_open_reads_the_manifest_once_then_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    _tar_shards(root)
+    publish(_spec(root), cache_dir=tmp_path / "publisher")
+    spec = _spec(root, consistency="immutable")
+    store = CountingStore(normalize(root))
+    first = open_index(spec, store=store, cache_dir=tmp_path / "node")
+    assert first.generation is not None
+    assert store.lists == 0
+    assert len(store.reads) == 2  # the pointer and the head
+    store.reads.clear()
+    again = open_index(spec, store=store, cache_dir=tmp_path / "node")
+    assert again.generation == first.generation
+    assert store.reads == []
