@@ -247,3 +247,28 @@ def test_an_object_overwritten_behind_the_manifest_fails_naming_it_and_publish(
         assert open_index(spec, store=store, cache_dir=tmp_path / "node").generation == (
             index.generation
         )
+
+
+def test_dataloader_workers_read_a_published_dataset_exactly_once(
+    s3_bucket: S3Target, tmp_path: Path
+) -> None:
+    url, truth = _tar_dataset(s3_bucket, "workers")
+    spec = DatasetSpec(url, layout="tar", storage_options=s3_bucket.storage_options)
+    publish(spec, cache_dir=tmp_path / "publisher", part_samples=60)  # 4 rows parts
+    ds = fastdata.Dataset(
+        url,
+        layout="tar",
+        metadata=("__member__",),
+        storage_options=s3_bucket.storage_options,
+        config=_config(tmp_path / "node"),
+    )
+    assert ds.index.generation is not None
+    loader = fastdata.DataLoader(ds, batch_size=16, num_workers=2)
+    got: dict[str, bytes] = {}
+    for batch in loader:
+        for name, data in zip(batch["__member__"], batch["bin"], strict=True):
+            assert name not in got
+            got[name] = bytes(np.asarray(data))
+    loader.close()
+    assert got == truth
+    ds.close()
