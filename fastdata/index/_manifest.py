@@ -47,6 +47,7 @@ from typing import Any
 import google_crc32c
 import numpy as np
 
+from fastdata._fork import reset_in_forked_child
 from fastdata.errors import CorruptRecordError, ObjectNotFoundError
 from fastdata.index._keys import dataset_id
 from fastdata.layouts.base import ROW_DTYPE
@@ -385,7 +386,8 @@ def materialize(store: Store, pointer: Pointer, versions: TableVersions) -> Samp
 
 class ManifestParts:
     """The rows parts of a table opened from a manifest, fetched as reads reach them
-    (NOTE[manifest-parts]). Thread-safe; pickles as nothing (its index re-creates it)."""
+    (NOTE[manifest-parts]). Thread-safe and fork-safe (NOTE[fork]); its index re-creates
+    it when it is pickled."""
 
     def __init__(self, table: SampleTable, store: Store) -> None:
         self._table = table
@@ -394,6 +396,12 @@ class ManifestParts:
         self._first = table.arrays["part_first"]
         self._loaded = np.zeros(max(0, len(self._first) - 1), dtype=bool)
         self._lock = threading.Lock()
+        reset_in_forked_child(self)  # NOTE[fork]: a lock held at a fork is held forever
+
+    def _reset(self) -> None:
+        """In a forked child: a new lock; the parts on disk are found by their markers."""
+        self._lock = threading.Lock()
+        self._loaded = np.zeros_like(self._loaded)
 
     def _marker(self, k: int) -> Path:
         return self._table.directory / "parts" / f"{k:06d}"
