@@ -52,7 +52,7 @@ from fastdata.errors import CorruptRecordError, ObjectNotFoundError
 from fastdata.index._keys import dataset_id
 from fastdata.layouts.base import ROW_DTYPE
 from fastdata.layouts.table import SampleTable, TableVersions
-from fastdata.store import ByteRange, ObjectInfo, Store
+from fastdata.store import ByteRange, Store
 
 __all__ = [
     "MANIFEST_DIR",
@@ -224,17 +224,6 @@ def _unnpz(data: Any, url: str, key: str) -> dict[str, np.ndarray]:
         raise _manifest_error(url, key, f"does not parse ({exc})") from exc
 
 
-def _blob(parts: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
-    ends = np.cumsum(np.fromiter((len(p) for p in parts), dtype=np.uint64, count=len(parts)))
-    return np.frombuffer(b"".join(parts), dtype=np.uint8), ends
-
-
-def _unblob(blob: np.ndarray, ends: np.ndarray) -> list[bytes]:
-    data = blob.tobytes()
-    starts = [0, *ends[:-1].tolist()]
-    return [data[a:b] for a, b in zip(starts, ends.tolist(), strict=True)]
-
-
 def write_manifest(
     store: Store,
     table: SampleTable,
@@ -274,21 +263,17 @@ def write_manifest(
         if len(items) >= _PUT_PARTS:  # a bounded number of parts in memory at once
             store.put_many(items)
             items = []
-    infos = [table.object_info(i) for i in range(n_obj)]
-    paths, path_end = _blob([o.path.encode("utf-8", "surrogateescape") for o in infos])
-    etags, etag_end = _blob([(o.etag or "").encode("utf-8", "surrogateescape") for o in infos])
-    extras, extra_end = _blob([table.extra(i) for i in range(n_obj)])
+    paths, etags, extras = table.blobs()
     meta = {k: v for k, v in table.meta.items() if k not in ("arrays", "format")}
     head = _npz(
         {
             "meta": np.frombuffer(json.dumps(meta, sort_keys=True).encode(), dtype=np.uint8),
-            "sizes": np.asarray(table.objects["size"], dtype=np.uint64),
-            "paths": paths,
-            "path_end": path_end,
-            "etags": etags,
-            "etag_end": etag_end,
-            "extras": extras,
-            "extra_end": extra_end,
+            # The object table as saved (sizes, digests, blob ends) and its blobs: a
+            # fresh node writes its table from them without a step per object.
+            "objects": np.asarray(table.objects),
+            "paths": np.asarray(paths),
+            "etags": np.asarray(etags),
+            "extras": np.asarray(extras),
             "first_rows": first,
             "range_starts": plan[0].astype(np.int64),
             "range_bytes": plan[1].astype(np.int64),
@@ -328,20 +313,14 @@ def materialize(store: Store, pointer: Pointer, versions: TableVersions) -> Samp
     head = _unnpz(_fetch_checked(store, key, size, crc, url), url, key)
     try:
         meta = json.loads(head["meta"].tobytes())
-        paths = _unblob(head["paths"], head["path_end"])
-        etags = _unblob(head["etags"], head["etag_end"])
-        extras = _unblob(head["extras"], head["extra_end"])
-        sizes = head["sizes"].tolist()
+        objects = head["objects"]
+        blobs = (head["paths"], head["etags"], head["extras"])
         first = head["first_rows"].astype(np.int64)
-        objects = [
-            ObjectInfo(p.decode("utf-8", "surrogateescape"), int(s), e.decode() or None)
-            for p, s, e in zip(paths, sizes, etags, strict=True)
-        ]
         part_obj = head["part_obj"].astype(np.int64)
         n = int(first[-1]) if len(first) else 0
     except (ValueError, KeyError, TypeError) as exc:
         raise _manifest_error(url, key, f"does not parse ({exc})") from exc
-    if len(objects) != pointer.objects or n != pointer.samples:
+    if len(objects) != pointer.objects or n != pointer.samples or len(first) != len(objects) + 1:
         raise _manifest_error(
             url, key, f"holds {len(objects)} objects and {n} samples, not its pointer's"
         )
@@ -353,12 +332,12 @@ def materialize(store: Store, pointer: Pointer, versions: TableVersions) -> Samp
     meta["built_at"] = pointer.published_at
     built = versions.build_dir()
     try:
-        SampleTable.write(
+        SampleTable.write_arrays(
             built,
             meta=meta,
             rows=n,
             objects=objects,
-            extras=extras,
+            blobs=blobs,
             arrays={
                 "crcs": (np.dtype(np.uint32), n),
                 "first_rows": first,
@@ -370,6 +349,9 @@ def materialize(store: Store, pointer: Pointer, versions: TableVersions) -> Samp
             },
         )
         (built / "parts").mkdir()
+    except ValueError as exc:
+        versions.discard(built)
+        raise _manifest_error(url, key, f"does not fit the index format ({exc})") from exc
     except BaseException:
         versions.discard(built)
         raise

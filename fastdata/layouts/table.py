@@ -179,11 +179,44 @@ class SampleTable:
         paths, table["path_end"] = _blob([o.path.encode(*_ENCODING) for o in objects])
         etags, table["etag_end"] = _blob([(o.etag or "").encode(*_ENCODING) for o in objects])
         extra_blob, table["extra_end"] = _blob(list(extras) if extras else [b""] * len(objects))
+        SampleTable.write_arrays(
+            directory, meta=meta, rows=rows, objects=table, blobs=(paths, etags, extra_blob),
+            arrays=arrays,
+        )  # fmt: skip
+
+    @staticmethod
+    def write_arrays(
+        directory: Path,
+        *,
+        meta: dict[str, Any],
+        rows: np.ndarray | int,
+        objects: np.ndarray,
+        blobs: tuple[np.ndarray, np.ndarray, np.ndarray],
+        arrays: dict[str, np.ndarray | tuple[np.dtype[Any], int]] | None = None,
+    ) -> None:
+        """:meth:`write` from the object table as saved: ``OBJECT_DTYPE`` rows and the
+        path, ETag and extra blobs (what :meth:`blobs` gives; a published manifest ships
+        them, so a fresh node writes its table without a Python step per object).
+
+        Raises:
+            ValueError: ``objects`` or a blob does not fit the format.
+            OSError: The directory cannot be written.
+        """
+        if objects.dtype != OBJECT_DTYPE:
+            raise ValueError(f"objects must have dtype {OBJECT_DTYPE}, not {objects.dtype}")
+        for column, blob in zip(("path_end", "etag_end", "extra_end"), blobs, strict=True):
+            ends = objects[column]
+            if blob.dtype != np.uint8 or (
+                len(ends) and (int(ends[-1]) != len(blob) or bool((np.diff(ends) < 0).any()))
+            ):
+                raise ValueError(f"the {column} of the objects does not fit its blob")
+        if not directory.exists():
+            directory.mkdir(mode=0o700)
         saved: list[tuple[str, np.ndarray]] = [
-            ("objects", table),
-            ("paths", paths),
-            ("etags", etags),
-            ("extras", extra_blob),
+            ("objects", objects),
+            ("paths", blobs[0]),
+            ("etags", blobs[1]),
+            ("extras", blobs[2]),
         ]
         for name, value in sorted((arrays or {}).items()):
             if isinstance(value, tuple):
@@ -261,6 +294,11 @@ class SampleTable:
         (no copy: for readers of a few bytes of a large extra, tar member names)."""
         start, end = self._span("extra_end", i)
         return np.asarray(self._extras[start:end])
+
+    def blobs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The path, ETag and extra bytes of every object, back to back (``uint8``), as
+        the ``*_end`` columns of :attr:`objects` cut them."""
+        return self._paths, self._etags, self._extras
 
     def digest(self, i: int) -> bytes:
         """The 16-byte digest of object ``i``."""
