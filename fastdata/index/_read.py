@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import time
 from collections.abc import Sequence, Set
 from dataclasses import replace
 from typing import Any
@@ -36,9 +37,9 @@ of the fetch only when it is at least this long; a shorter one is fetched throug
 more request costs about what 0.5 MiB of a ranged read does (issue 21's limits: 100 KiB
 GETs at 165 MB/s, 8 MiB ranges at about 1,000 MB/s), and a shuffled walk interleaves the
 workers' samples a few at a time: skipping each such gap made 183 GETs of 66."""
-VERIFY_ATTEMPTS = 3
-"""Fetches of a unit whose bytes fail their manifest CRC32C before the read is refused
-(NOTE[manifest-verify])."""
+VERIFY_ATTEMPTS = 8
+"""Fetches of a unit whose bytes fail their manifest CRC32C before the read is refused,
+at most, and only while the store's retry budget lasts (NOTE[manifest-verify])."""
 MERGE_GAP_BYTES = 4096
 """Ranges of one object at most this far apart are fetched as one (tar padding, packed
 alignment, short skips): a few wasted bytes cost less than one more request."""
@@ -337,23 +338,28 @@ class UnitReader:
         """NOTE[manifest-verify]: the fetched bytes of a unit, every row's bytes checked
         against the CRC32C its manifest keeps (tar members, Parquet row groups, packed
         records, whole objects) before they are decoded, delivered or cached. A mismatch
-        is counted (``corrupt_transfers``) and the unit fetched again, at most
-        ``VERIFY_ATTEMPTS`` times in all; then ``CorruptRecordError`` names the object
+        is counted (``corrupt_transfers``) and the unit fetched again, while the store's
+        retry budget (``StoreConfig.retry_budget_s``) lasts and at most
+        ``VERIFY_ATTEMPTS`` fetches in all; then ``CorruptRecordError`` names the object
         and the range."""
         assert self._crcs is not None
         want = np.asarray(self._crcs[ids])
-        for _ in range(VERIFY_ATTEMPTS):
+        deadline = time.monotonic() + store.config.retry_budget_s
+        fetches = 1
+        while True:
             view = memoryview(raw).cast("B")
-            if len(view) == (req.end or len(view)) - req.start:
-                got = row_crcs(rows, req.start, view)
-                if bool((got == want).all()):
-                    return raw
+            whole = len(view) == (req.end or len(view)) - req.start
+            if whole and bool((row_crcs(rows, req.start, view) == want).all()):
+                return raw
             store.count_corrupt_transfer(req.path, req.start, req.end)
+            if fetches >= VERIFY_ATTEMPTS or time.monotonic() >= deadline:
+                break
             (raw,) = self._get(store, [req])
+            fetches += 1
         end = "the end" if req.end is None else req.end
         raise CorruptRecordError(
             f"bytes [{req.start}, {end}) of {self.url.rstrip('/')}/{req.path} still do not "
-            f"match the CRC32C of its manifest after {VERIFY_ATTEMPTS} fetches: the store "
+            f"match the CRC32C of its manifest after {fetches} fetches: the store "
             "or the network corrupts them, or the object was rewritten without changing its "
             f"ETag; run `fastdata publish {self.url}` again if it was",
             sample_id=int(ids[0]),
