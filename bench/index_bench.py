@@ -19,6 +19,14 @@ Parts, all in one run:
   disk, and in fresh processes the ``open_index`` time (limit 1 s) and the RSS increase,
   also after ``keys``/``fingerprints``/``locations`` of a random batch of 256.
 
+* a published manifest (``fastdata publish``, docs/manifest.md) of 2 million samples in
+  2,000 objects and of 100 million in 100,000 objects: in a fresh process with an empty
+  cache directory, the ``validate`` open (pointer + head) and the first batch's rows (one
+  rows part), their requests and RSS, against the raw listing of the same objects
+  (``Store.list``, what a listing open costs at least) as a ratio. The manifest is
+  written from a synthetic table (``write_manifest``; the CRCs are not computed, no
+  sample is read).
+
 ``--quick`` runs every part at a tiny size (CI smoke).
 """
 
@@ -236,6 +244,83 @@ def synthetic_part(samples: int, cache_dir: Path, probes: int = 3) -> dict[str, 
     }
 
 
+_PUBLISHED_PROBE = r"""
+import json, sys, time
+import numpy as np
+from fastdata.index import open_index
+from fastdata.store import Store
+
+def rss():
+    with open("/proc/self/status") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return sum(int(fields[k].split()[0]) * 1024 for k in ("RssAnon", "RssFile"))
+
+url, cache_dir, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+store = Store(url, storage_options=options)
+store.identity  # the endpoint resolved before the clock starts, as in _SYNTH's note
+before = rss()
+started = time.perf_counter()
+index = open_index(url, store=store, layout="packed", cache_dir=cache_dir)
+open_s = time.perf_counter() - started
+requests = store.stats().requests
+started = time.perf_counter()
+index.locations(np.arange(256))
+rows_s = time.perf_counter() - started
+print(json.dumps({"samples": len(index), "open_s": open_s, "rows_s": rows_s,
+                  "open_requests": requests, "rows_requests": store.stats().requests - requests,
+                  "rss": rss() - before, "generation": index.generation}))
+"""
+
+
+def published_part(
+    server: SeaweedServer, samples: int, objects: int, cache_dir: Path
+) -> dict[str, Any]:
+    """Publish a synthetic manifest over ``objects`` real (tiny) objects, then open it in
+    a fresh process against the raw listing of the same objects."""
+    # Private seams, for the synthetic manifest only: publish() reads every sample.
+    from fastdata.index._manifest import write_manifest
+    from fastdata.index._read import UnitReader
+
+    bucket = f"index-bench-published-{objects}"
+    server.create_bucket(bucket)
+    url = f"s3://{bucket}/packed"
+    options = server.storage_options
+    writer = Store(url, storage_options=options, config=StoreConfig(max_concurrency=64))
+    for first in range(0, objects, UPLOAD_CHUNK):
+        batch = range(first, min(objects, first + UPLOAD_CHUNK))
+        writer.put_many([(f"shard-{i:06d}.fdpack", b"%016d" % i) for i in batch])
+    store = Store(url, storage_options=options)
+    started = _clock()
+    listed = store.list()
+    list_s = _clock() - started
+    per_object = samples // objects
+    rows = np.zeros(per_object * objects, dtype=ROW_DTYPE)
+    rows["obj"] = np.repeat(np.arange(objects, dtype=np.uint32), per_object)
+    rows["offset"] = 64 + (np.arange(len(rows), dtype=np.uint64) % per_object) * 1024
+    rows["length"] = 1000
+    index = save_index(url, listed, rows, layout="packed", cache_dir=str(cache_dir / "pub"),
+                       storage_options=options)  # fmt: skip
+    del rows
+    table = index._table
+    reader = UnitReader(table, index.layout, index.url)
+    started = _clock()
+    crcs = np.zeros(len(table), dtype=np.uint32)
+    write_manifest(store, table, crcs, (reader.range_starts(), reader.range_fetch_bytes()))
+    write_s = _clock() - started
+    out = subprocess.run(
+        [sys.executable, "-c", _PUBLISHED_PROBE, url, str(cache_dir / "fresh"),
+         json.dumps(options)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    if out.returncode:
+        raise RuntimeError(f"the fresh-process open failed:\n{out.stderr}")
+    run = json.loads(out.stdout)
+    if run["generation"] is None or run["samples"] != len(table):
+        raise RuntimeError(f"the fresh open did not open the manifest: {run}")
+    return {"samples": len(table), "objects": objects, "list_s": list_s, "write_s": write_s,
+            **run}  # fmt: skip
+
+
 def _mib(nbytes: float) -> str:
     return f"{nbytes / 2**20:.2f} MiB"
 
@@ -271,6 +356,17 @@ def report(results: dict[str, Any]) -> None:
         f"{t['sidecar_build_s']:.2f} s = {t['sidecar_build_s'] / t['list_s']:.1f}x the raw "
         f"listing, {t['sidecar_requests']} requests, {_mib(t['sidecar_bytes_read'])} read"
     )
+    print("\npublished manifest, fresh process, empty cache (ratio = time / raw listing)")
+    for p in results["published"]:
+        first = p["open_s"] + p["rows_s"]
+        print(
+            f"  {p['samples']:,} samples in {p['objects']:,} objects: open {p['open_s']:.3f} s "
+            f"({p['open_requests']} requests, no LIST) = {p['open_s'] / p['list_s']:.3f}x the "
+            f"raw listing ({p['list_s']:.3f} s); open + first batch's rows {first:.3f} s "
+            f"({p['open_requests'] + p['rows_requests']} requests) = "
+            f"{first / p['list_s']:.3f}x; RSS +{_mib(p['rss'])}; manifest written in "
+            f"{p['write_s']:.2f} s"
+        )
     s = results["synthetic"]
     table = s["samples"] * ROW_DTYPE.itemsize
     print(
@@ -304,6 +400,8 @@ def main() -> None:
     sizes = (200, 1000) if args.quick else (10_000, 100_000)
     tar_shape = (2, 50) if args.quick else (20, 1000)
     synthetic = 100_000 if args.quick else 10_000_000
+    published = ((20_000, 20), (100_000, 100)) if args.quick else (
+        (2_000_000, 2_000), (100_000_000, 100_000))  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="fastdata-index-bench-") as tmp:
         root = Path(tmp)
         with SeaweedServer(root / "seaweed") as server:
@@ -311,6 +409,10 @@ def main() -> None:
                 "quick": args.quick,
                 "files": [files_part(server, n, root / f"cache-{n}") for n in sizes],
                 "tar": tar_part(server, *tar_shape, root / "cache-tar"),
+                "published": [
+                    published_part(server, n, m, root / f"cache-published-{m}")
+                    for n, m in published
+                ],
             }
         results["synthetic"] = synthetic_part(synthetic, root / "cache-synthetic")
     report(results)

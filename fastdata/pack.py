@@ -30,6 +30,7 @@ from fastdata import record
 from fastdata.config import check_int, is_int
 from fastdata.errors import ConfigError, CorruptRecordError, ObjectNotFoundError
 from fastdata.index import SampleIndex, normalize_url, open_index
+from fastdata.index import publish as publish_manifest
 from fastdata.layouts import PACKED_EXTENSION, RawRecord, ShardBuilder
 from fastdata.layouts.packed import MANIFEST_NAME, scan_shards
 from fastdata.spec import DatasetSpec
@@ -74,6 +75,8 @@ class PackResult:
     """Shards found complete from an earlier run."""
     bytes_written: int
     """Bytes uploaded by this run (shards only)."""
+    generation: str | None = None
+    """The manifest generation published at the destination (``None``: not published)."""
 
 
 def plan_shards(estimates: np.ndarray, shard_bytes: int) -> np.ndarray:
@@ -245,6 +248,7 @@ def pack(
     dst_storage_options: Mapping[str, Any] | None = None,
     cache_dir: str | None = None,
     progress: PackProgress | None = None,
+    publish: bool = True,
     **layout_options: Any,
 ) -> PackResult:
     """Convert the dataset at ``src`` into packed shards at ``dst`` (resumable).
@@ -264,6 +268,10 @@ def pack(
         dst_storage_options: Store options for ``dst``.
         cache_dir: Cache directory for the source index.
         progress: Told the totals, then each step (from worker threads).
+        publish: Publish the manifest of the packed dataset at ``dst`` when it is
+            complete (``fastdata.index.publish``: fresh nodes open it with no listing,
+            and every record read is checked against its CRC32C). It reads the shards
+            back once.
         **layout_options: Source layout options (``labels``, ``decode_cls``...).
 
     Returns:
@@ -301,12 +309,21 @@ def pack(
     packer.report_done([s for s in plan["shards"] if s["name"] in done])
     packer.run(todo, concurrency)
     dst_store.put_many([(MANIFEST, json.dumps(dict(plan, complete=True), indent=1).encode())])
+    generation = None
+    if publish:
+        packed = DatasetSpec(
+            dst,
+            layout="packed",
+            storage_options=dst_storage_options or storage_options,  # type: ignore[arg-type]
+        )
+        generation = publish_manifest(packed, store=dst_store, cache_dir=cache_dir).generation
     return PackResult(
         samples=len(index),
         shards=len(names),
         written=len(todo),
         skipped=len(done),
         bytes_written=packer.bytes_written,
+        generation=generation,
     )
 
 

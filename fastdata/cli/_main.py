@@ -11,6 +11,7 @@ from fastdata import __version__
 from fastdata.cli._bench import bench_command
 from fastdata.cli._ops import clear_command, doctor_command, stats_command
 from fastdata.cli._pack import pack_command
+from fastdata.cli._publish import publish_command
 from fastdata.cli._warm import warm_command
 from fastdata.errors import FastdataError
 
@@ -57,6 +58,7 @@ def cli() -> None:
 
 for _command in (
     pack_command,
+    publish_command,
     warm_command,
     stats_command,
     doctor_command,

@@ -117,6 +117,11 @@ def pack_command(
         f"packed {result.samples} samples into {result.shards} shards at {dst} "
         f"({result.written} written, {result.skipped} already complete, "
         f"{result.bytes_written} bytes uploaded)"
+        + (
+            f"; published its manifest (generation {result.generation})"
+            if result.generation
+            else ""
+        )
     )
 
 

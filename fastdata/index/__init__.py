@@ -18,7 +18,17 @@ This module is the public face; the work is done by private modules, one job eac
 - ``fastdata/index/_read.py``: fetch units (:func:`plan_units`) and sample reads;
 - ``fastdata/index/_build.py``: listing, building and saving a version (:func:`save_index`);
 - ``fastdata/index/_open.py``: :func:`open_index`, the ``validate`` / ``immutable``
-  modes and :class:`DatasetChangedWarning`.
+  modes and :class:`DatasetChangedWarning`;
+- ``fastdata/index/_manifest.py``: the manifest published beside the data
+  (docs/manifest.md): its pointer, head and rows parts, written and read; a table opened
+  from it fetches its rows lazily (NOTE[manifest-parts]);
+- ``fastdata/index/_publish.py``: :func:`publish` (``fastdata publish``): every object
+  read once for its CRC32Cs, resumable (NOTE[publish-resume]), then the manifest.
+
+A published dataset opens with no listing: ``validate`` reads the manifest's pointer
+(one request) and compares its generation; reads are pinned to the manifest's ETags and
+every row's bytes are checked against its CRC32C (NOTE[manifest-verify] in
+``fastdata/index/_read.py``).
 
 Saving is atomic and safe between processes: NOTE[index-publish] in
 ``fastdata/layouts/table.py``. Seams for ``fastdata.tokens``, whose block index is a
@@ -30,8 +40,10 @@ from __future__ import annotations
 
 from fastdata.index._build import save_index
 from fastdata.index._keys import dataset_id, mix, namespace_id, namespace_name
+from fastdata.index._manifest import MANIFEST_DIR, POINTER_KEY
 from fastdata.index._open import Consistency as Consistency
 from fastdata.index._open import DatasetChangedWarning, StoreUnreachableWarning, open_index
+from fastdata.index._publish import PublishProgress, PublishResult, publish
 from fastdata.index._read import MAX_UNIT_BYTES as MAX_UNIT_BYTES
 from fastdata.index._read import MERGE_GAP_BYTES as MERGE_GAP_BYTES
 from fastdata.index._read import plan_units
@@ -40,9 +52,13 @@ from fastdata.index._source_base import BoundSource
 from fastdata.store import normalize_url
 
 __all__ = [
+    "MANIFEST_DIR",
+    "POINTER_KEY",
     "BoundSource",
     "DatasetChangedWarning",
     "IndexSource",
+    "PublishProgress",
+    "PublishResult",
     "SampleIndex",
     "StoreUnreachableWarning",
     "dataset_id",
@@ -52,5 +68,6 @@ __all__ = [
     "namespace_name",
     "open_index",
     "plan_units",
+    "publish",
     "save_index",
 ]

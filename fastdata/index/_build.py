@@ -29,6 +29,7 @@ import numpy as np
 from fastdata.config import default_cache_dir
 from fastdata.errors import ConfigError
 from fastdata.index._keys import dataset_id, source_fingerprint, spec_key
+from fastdata.index._manifest import MANIFEST_DIR, POINTER_KEY
 from fastdata.index._sample_index import SampleIndex
 from fastdata.layouts import ROW_DTYPE, Layout, detect_layout, make_layout, refuse_compressed
 from fastdata.layouts.base import BuildResult, CompanionLayout, ObjectScan
@@ -89,7 +90,10 @@ def select(
     pattern) and the patterns are applied here, so the layouts see the other objects
     beside their own (``CompanionLayout``: tar sidecars, a pack manifest).
     """
-    everything = store.list("", max_attempts=max_attempts)
+    # The published manifest (``_fastdata/``) is never part of the dataset; its pointer
+    # stays in ``listing``, which tells an open that the dataset was published.
+    listed = store.list("", max_attempts=max_attempts)
+    everything = [info for info in listed if not info.path.startswith(f"{MANIFEST_DIR}/")]
     listing = _matching(everything, pattern) if pattern else everything
     if layout is None:
         name = detect_layout(listing, url)
@@ -107,7 +111,8 @@ def select(
             f"no objects under {url!r} match {used!r}: check the URL, the pattern "
             "and the credentials"
         )
-    return Selection(store.identity, url, listing, chosen, used, everything)
+    pointer = [info for info in listed if info.path == POINTER_KEY]
+    return Selection(store.identity, url, listing, chosen, used, everything + pointer)
 
 
 def _matching(objects: Sequence[ObjectInfo], pattern: str | None) -> list[ObjectInfo]:

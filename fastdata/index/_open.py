@@ -18,7 +18,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from fastdata.errors import (
 )
 from fastdata.index._build import Selection, build, is_current, select
 from fastdata.index._keys import spec_key
+from fastdata.index._manifest import POINTER_KEY, Pointer, materialize, read_pointer
 from fastdata.index._sample_index import SampleIndex
 from fastdata.layouts import make_layout
 from fastdata.layouts.table import SampleTable, TableVersions
@@ -40,6 +41,7 @@ from fastdata.store import Store, normalize_url
 
 __all__ = [
     "OFFLINE_PROBE_ATTEMPTS",
+    "open_listed",
     "Consistency",
     "DatasetChangedWarning",
     "StoreUnreachableWarning",
@@ -85,7 +87,7 @@ class _Request:
         than its layout's (NOTE[scan-version]: it is then built again, from scratch)."""
         if table is None:
             return None
-        index = SampleIndex(table, storage_options=self.storage_options)
+        index = SampleIndex(table, storage_options=self.storage_options, store=self.store)
         if is_current(index):
             return index
         logger.info(
@@ -184,6 +186,61 @@ def open_index(
         CorruptRecordError: A shard is malformed (names the object and offset).
         StoreError: The store failed.
     """
+    return _open(
+        spec,
+        store=store,
+        cache_dir=cache_dir,
+        layout=layout,
+        pattern=pattern,
+        fields=fields,
+        storage_options=storage_options,
+        consistency=consistency,
+        strict=strict,
+        use_manifest=True,
+        layout_options=layout_options,
+    )
+
+
+def open_listed(
+    spec: DatasetSpec,
+    *,
+    store: Store | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> SampleIndex:
+    """The index of ``spec`` from a listing of the store, never from its published
+    manifest: what ``fastdata publish`` publishes (``validate`` whatever the spec says).
+    A changed dataset is logged, not warned about: publishing it is the point."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DatasetChangedWarning)
+        return _open(
+            replace(spec, consistency="validate"),
+            store=store,
+            cache_dir=cache_dir,
+            layout=None,
+            pattern=None,
+            fields=None,
+            storage_options=None,
+            consistency="validate",
+            strict=False,
+            use_manifest=False,
+            layout_options={},
+        )
+
+
+def _open(
+    spec: DatasetSpec | str | os.PathLike[str],
+    *,
+    store: Store | None,
+    cache_dir: str | os.PathLike[str] | None,
+    layout: str | None,
+    pattern: str | None,
+    fields: Sequence[str] | None,
+    storage_options: Mapping[str, Any] | None,
+    consistency: Consistency,
+    strict: bool,
+    use_manifest: bool,
+    layout_options: Mapping[str, Any],
+) -> SampleIndex:
     if isinstance(spec, DatasetSpec):
         given = {
             "layout": layout,
@@ -238,8 +295,8 @@ def open_index(
     versions = TableVersions(base / "index" / request.key())
     try:
         if consistency == "immutable":
-            return _open_trusting(versions, request)
-        return _open_validated(versions, request, strict)
+            return _open_trusting(versions, request, use_manifest)
+        return _open_validated(versions, request, strict, use_manifest)
     except FastdataError:
         raise
     except OSError as exc:
@@ -263,10 +320,13 @@ def _using(index: SampleIndex, how: str) -> SampleIndex:
     return index
 
 
-def _open_trusting(versions: TableVersions, request: _Request) -> SampleIndex:
+def _open_trusting(versions: TableVersions, request: _Request, use_manifest: bool) -> SampleIndex:
     found = request.wrap(versions.current())
     if found is not None:
         return _using(found, "consistency='immutable': not compared with the store")
+    pointer = read_pointer(request.store) if use_manifest else None
+    if pointer is not None and _fits(pointer, request):
+        return _open_published(versions, request, pointer)
     with _writable(versions, request) as (target, writable):
         found = request.wrap(target.current()) if writable else None
         if found is not None:  # another process built it while we waited
@@ -277,7 +337,49 @@ def _open_trusting(versions: TableVersions, request: _Request) -> SampleIndex:
         )
 
 
-def _open_validated(versions: TableVersions, request: _Request, strict: bool) -> SampleIndex:
+def _fits(pointer: Pointer, request: _Request) -> bool:
+    """Whether the published manifest is one of the spec asked for (its layout, pattern,
+    fields and options, where the spec names them)."""
+    spec = pointer.spec
+    fits = (
+        request.layout in (None, spec["layout"])
+        and request.pattern in (None, spec["pattern"])
+        and (request.fields is None or list(request.fields) == spec["fields"])
+        and all(spec["layout_options"].get(k) == v for k, v in request.options.items())
+    )
+    if not fits:
+        logger.info(
+            "%s: its manifest was published for %s, not for this spec: listing the store",
+            request.url,
+            spec,
+        )
+    return fits
+
+
+def _open_published(versions: TableVersions, request: _Request, pointer: Pointer) -> SampleIndex:
+    """The local table of the manifest generation ``pointer`` names, fetched the first
+    time (NOTE[manifest-parts] in ``fastdata/index/_manifest.py``)."""
+
+    def same(index: SampleIndex | None) -> bool:
+        return index is not None and index.generation == pointer.generation
+
+    found = request.wrap(versions.current())
+    if same(found):
+        assert found is not None
+        return _using(found, f"the manifest generation {pointer.generation} of the store")
+    with _writable(versions, request) as (target, writable):
+        if writable:
+            found = request.wrap(target.current())
+            if same(found):
+                assert found is not None
+                return _using(found, "fetched by another process")
+        table = materialize(request.store, pointer, target)
+        return SampleIndex(table, storage_options=request.storage_options, store=request.store)
+
+
+def _open_validated(
+    versions: TableVersions, request: _Request, strict: bool, use_manifest: bool = True
+) -> SampleIndex:
     """NOTE[offline-open]: with a saved index to fall back on, the listing that validates
     it gets ``OFFLINE_PROBE_ATTEMPTS`` attempts, not the whole retry budget. A store that
     was never reached in them (refused, reset, DNS, connect timeouts:
@@ -289,6 +391,19 @@ def _open_validated(versions: TableVersions, request: _Request, strict: bool) ->
     raise. Without a saved index the listing has the whole budget, as before."""
     saved = request.wrap(versions.current())
     probe = OFFLINE_PROBE_ATTEMPTS if saved is not None else None
+    if use_manifest and (saved is None or saved.generation is not None):
+        # One GET: the published generation against the saved one (NOTE[manifest-parts]).
+        # An index built from a listing sees a newly published manifest in its listing.
+        try:
+            pointer = read_pointer(request.store, max_attempts=probe)
+        except StoreUnavailableError as exc:
+            if saved is None:
+                raise
+            if not exc.answered:
+                return _offline(saved, exc)
+            pointer = read_pointer(request.store)  # answered: with the whole budget
+        if pointer is not None and _fits(pointer, request):
+            return _open_published(versions, request, pointer)
     try:
         selection = request.select(max_attempts=probe)
     except StoreUnavailableError as exc:
@@ -300,12 +415,20 @@ def _open_validated(versions: TableVersions, request: _Request, strict: bool) ->
             selection = request.select()
         else:
             return _offline(saved, exc)
-    found = saved
+    if use_manifest and any(info.path == POINTER_KEY for info in selection.listing):
+        pointer = read_pointer(request.store)
+        if pointer is not None and _fits(pointer, request):
+            return _open_published(versions, request, pointer)
+    # A table opened from a manifest is never compared with a listing nor reused by a
+    # build: its rows are fetched lazily from a generation that may be gone.
+    found = saved if saved is None or saved.generation is None else None
     if found is not None and found.fingerprint == selection.fingerprint:
         return _using(found, "the listing matches it")
     with _writable(versions, request) as (target, writable):
         if writable:
             found = request.wrap(target.current())
+            if found is not None and found.generation is not None:
+                found = None
         if found is not None and found.fingerprint == selection.fingerprint:
             return _using(found, "the listing matches it")
         if found is not None:

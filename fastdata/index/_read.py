@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import time
 from collections.abc import Sequence, Set
 from dataclasses import replace
 from typing import Any
@@ -18,13 +19,14 @@ from typing import Any
 import numpy as np
 
 from fastdata.errors import CorruptRecordError, ObjectChangedError
+from fastdata.index._manifest import row_crcs
 from fastdata.layouts import Layout, Sample
 from fastdata.layouts.base import UnitView, corrupt
 from fastdata.layouts.ranges import CHUNK_STOP_RATIO, ROW_OVERHEAD_BYTES, SharedRanges
 from fastdata.layouts.table import SampleTable
 from fastdata.store import ByteRange, Store
 
-__all__ = ["MAX_UNIT_BYTES", "MERGE_GAP_BYTES", "UnitReader", "plan_units"]
+__all__ = ["MAX_UNIT_BYTES", "MERGE_GAP_BYTES", "VERIFY_ATTEMPTS", "UnitReader", "plan_units"]
 
 MAX_UNIT_BYTES = 16 * 1024 * 1024
 """A run of adjacent samples is fetched in pieces of about this size, so that one long
@@ -35,6 +37,9 @@ of the fetch only when it is at least this long; a shorter one is fetched throug
 more request costs about what 0.5 MiB of a ranged read does (issue 21's limits: 100 KiB
 GETs at 165 MB/s, 8 MiB ranges at about 1,000 MB/s), and a shuffled walk interleaves the
 workers' samples a few at a time: skipping each such gap made 183 GETs of 66."""
+VERIFY_ATTEMPTS = 8
+"""Fetches of a unit whose bytes fail their manifest CRC32C before the read is refused,
+at most, and only while the store's retry budget lasts (NOTE[manifest-verify])."""
 MERGE_GAP_BYTES = 4096
 """Ranges of one object at most this far apart are fetched as one (tar padding, packed
 alignment, short skips): a few wasted bytes cost less than one more request."""
@@ -109,12 +114,16 @@ class UnitReader:
         self._elsewhere: collections.deque[np.ndarray] = collections.deque(maxlen=2)
         """The other processes' ids of the last two hints (NOTE[worker-share]): a hint
         covers half the prefetcher's horizon, so two cover the batches in flight."""
+        self._crcs: np.ndarray | None = table.arrays.get("crcs")
+        """The CRC32C of every row's bytes, in a table opened from a manifest."""
 
     def range_starts(self) -> np.ndarray:
         """The first sample id of every shared range: a run of rows with one fetch range
         (Parquet), or a chunk: the rows of one object whose first byte lies in one
         ``chunk_bytes``-aligned window of it, a sample larger than ``chunk_bytes`` alone
         (NOTE[shard-chunks])."""
+        if self._range_starts is None and "range_starts" in self.table.arrays:
+            self._range_starts = self.table.arrays["range_starts"]  # a manifest's
         if self._range_starts is None:
             rows = self.table.rows
             obj, offset = np.asarray(rows["obj"]), np.asarray(rows["offset"])
@@ -153,16 +162,23 @@ class UnitReader:
             functools.partial(self._fetch_ranges, store, frozenset()),
         )
 
+    def range_fetch_bytes(self) -> np.ndarray:
+        """Bytes fetched for each range of :meth:`range_starts` (a shared span once)."""
+        if "range_bytes" in self.table.arrays:  # a manifest's (NOTE[manifest-parts])
+            return self.table.arrays["range_bytes"]
+        starts = self.range_starts()
+        lengths = np.asarray(self.table.rows["length"]).astype(np.int64)
+        if self.identical:  # the rows share their range's one span
+            shared: np.ndarray = lengths[starts]
+            return shared
+        per: np.ndarray = np.add.reduceat(lengths, starts) if len(lengths) else lengths
+        return per
+
     def _range_bytes(self) -> np.ndarray:
         """Estimated bytes of each shared range's rows as kept (NOTE[shared-ranges])."""
         if self._kept_bytes is None:
-            starts = self.range_starts()
-            lengths = np.asarray(self.table.rows["length"]).astype(np.int64)
-            if self.identical:  # the rows share their range's one span
-                per = lengths[starts]
-            else:
-                per = np.add.reduceat(lengths, starts) if len(lengths) else lengths
-            counts = np.diff(np.append(starts, len(self.table)))
+            per = self.range_fetch_bytes()
+            counts = np.diff(np.append(self.range_starts(), len(self.table)))
             self._kept_bytes = per + counts * ROW_OVERHEAD_BYTES
         return self._kept_bytes
 
@@ -274,14 +290,7 @@ class UnitReader:
             self._request(int(o), int(s), int(e))
             for o, s, e in zip(unit_obj, unit_start, unit_end, strict=True)
         ]
-        try:
-            buffers = store.get_many(requests)
-        except ObjectChangedError as exc:
-            raise ObjectChangedError(
-                f"{exc}. The index of {self.url} was built before this object changed; "
-                "reopen the dataset with consistency='validate' (the default; "
-                "`--consistency validate` on the command line) to index its new version"
-            ) from exc
+        buffers = self._get(store, requests)
         if self.shared is not None:  # the store is free for the next range (NOTE[range-readahead])
             self.shared.arrived()
         order = np.argsort(unit_of, kind="stable")
@@ -290,6 +299,8 @@ class UnitReader:
         for u, (req, raw) in enumerate(zip(requests, buffers, strict=True)):
             members = order[bounds[u] : bounds[u + 1]]
             span = (int(unit_obj[u]), int(unit_start[u]), int(unit_end[u]))
+            if self._crcs is not None:
+                raw = self._verified(store, req, raw, rows[members], ids[members])
             unit = self._unit(span, req, raw, rows[members], ids[members])
             decoded: Sequence[Sample | None]
             try:
@@ -303,6 +314,57 @@ class UnitReader:
         # The units partition the ids, so every slot was filled above (a sample left
         # ``None`` is one of a chunk's that nobody asked for and that does not decode).
         return out  # type: ignore[return-value]
+
+    def _get(self, store: Store, requests: list[ByteRange]) -> list[Any]:
+        try:
+            return store.get_many(requests)
+        except ObjectChangedError as exc:
+            manifest = self.table.meta.get("manifest")
+            if manifest is not None:
+                raise ObjectChangedError(
+                    f"{exc}. It changed after the manifest of {self.url} (generation "
+                    f"{manifest['generation']}) was published: run `fastdata publish "
+                    f"{self.url}` again, then reopen the dataset"
+                ) from exc
+            raise ObjectChangedError(
+                f"{exc}. The index of {self.url} was built before this object changed; "
+                "reopen the dataset with consistency='validate' (the default; "
+                "`--consistency validate` on the command line) to index its new version"
+            ) from exc
+
+    def _verified(
+        self, store: Store, req: ByteRange, raw: Any, rows: np.ndarray, ids: np.ndarray
+    ) -> Any:
+        """NOTE[manifest-verify]: the fetched bytes of a unit, every row's bytes checked
+        against the CRC32C its manifest keeps (tar members, Parquet row groups, packed
+        records, whole objects) before they are decoded, delivered or cached. A mismatch
+        is counted (``corrupt_transfers``) and the unit fetched again, while the store's
+        retry budget (``StoreConfig.retry_budget_s``) lasts and at most
+        ``VERIFY_ATTEMPTS`` fetches in all; then ``CorruptRecordError`` names the object
+        and the range."""
+        assert self._crcs is not None
+        want = np.asarray(self._crcs[ids])
+        deadline = time.monotonic() + store.config.retry_budget_s
+        fetches = 1
+        while True:
+            view = memoryview(raw).cast("B")
+            whole = len(view) == (req.end or len(view)) - req.start
+            if whole and bool((row_crcs(rows, req.start, view) == want).all()):
+                return raw
+            store.count_corrupt_transfer(req.path, req.start, req.end)
+            if fetches >= VERIFY_ATTEMPTS or time.monotonic() >= deadline:
+                break
+            (raw,) = self._get(store, [req])
+            fetches += 1
+        end = "the end" if req.end is None else req.end
+        raise CorruptRecordError(
+            f"bytes [{req.start}, {end}) of {self.url.rstrip('/')}/{req.path} still do not "
+            f"match the CRC32C of its manifest after {fetches} fetches: the store "
+            "or the network corrupts them, or the object was rewritten without changing its "
+            f"ETag; run `fastdata publish {self.url}` again if it was",
+            sample_id=int(ids[0]),
+            offset=req.start,
+        )
 
     def _decode_each(self, unit: UnitView, wanted: Set[int]) -> list[Sample | None]:
         """Decode a unit's samples one by one: a sample that does not decode raises when

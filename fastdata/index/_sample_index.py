@@ -17,6 +17,7 @@ import numpy as np
 
 from fastdata.errors import ConfigError, CorruptRecordError
 from fastdata.index._keys import key_words, mix, namespace_id
+from fastdata.index._manifest import ManifestParts
 from fastdata.index._read import UnitReader
 from fastdata.index._source_base import BoundSource
 from fastdata.layouts import Layout, Sample, make_layout
@@ -37,7 +38,11 @@ class SampleIndex:
     """
 
     def __init__(
-        self, table: SampleTable, *, storage_options: Mapping[str, Any] | None = None
+        self,
+        table: SampleTable,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        store: Store | None = None,
     ) -> None:
         self._table = table
         meta = table.meta
@@ -71,6 +76,20 @@ class SampleIndex:
         """The fetch chunk of shard layouts (packed, tar), 0 for others (NOTE[shard-chunks])."""
         # NOTE[shared-ranges]: rows of a fetched row group (or chunk) kept until they are read.
         self._shared: SharedRanges | None = self._reader.shared
+        # NOTE[manifest-parts]: a table opened from a manifest fetches its rows lazily.
+        self._parts: ManifestParts | None = None
+        if "manifest" in meta:
+            # The rows parts come through the store the index was opened with, else
+            # through one on its URL (a reader's own store is used where it passes one).
+            parts_store = store or Store(self.url, storage_options=storage_options)
+            self._parts = ManifestParts(table, parts_store)
+
+    @property
+    def generation(self) -> str | None:
+        """The manifest generation this index was opened from (``fastdata publish``), or
+        ``None`` for an index built from a listing."""
+        manifest = self._table.meta.get("manifest")
+        return str(manifest["generation"]) if manifest is not None else None
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_reopen, (str(self._table.directory), self.storage_options))
@@ -139,7 +158,7 @@ class SampleIndex:
         """The table rows of ``sample_ids`` (fields ``obj``, ``aux``, ``offset``, ``length``)."""
         return np.asarray(self._table.rows[self._ids(sample_ids)])
 
-    def _ids(self, sample_ids: Any) -> np.ndarray:
+    def _ids(self, sample_ids: Any, store: Store | None = None) -> np.ndarray:
         ids = np.asarray(sample_ids)
         if ids.ndim != 1:
             raise ConfigError(f"sample_ids must be a 1-D sequence of ints, got shape {ids.shape}")
@@ -154,7 +173,10 @@ class SampleIndex:
                 f"sample id {int(bad)} out of range: {self.url} has {len(self)} samples "
                 f"(ids 0..{len(self) - 1})"
             )
-        return ids.astype(np.int64, copy=False)
+        ids = ids.astype(np.int64, copy=False)
+        if self._parts is not None:
+            self._parts.ensure(ids, store)
+        return ids
 
     def _content_words(self, sample_ids: Any) -> tuple[np.ndarray, ...]:
         """Per sample: the object's digest halves, offset, length and content ``aux``."""
@@ -249,6 +271,9 @@ class SampleIndex:
 
     def shard_sizes(self) -> np.ndarray:
         """Samples per source object, in id order (the shards of ``shard_window``)."""
+        if self._shard_sizes is None and self._parts is not None:
+            counts = np.diff(self._table.first_rows())
+            self._shard_sizes = counts[counts > 0]
         if self._shard_sizes is None:
             objects = np.asarray(self._table.rows["obj"])
             boundaries = np.flatnonzero(np.diff(objects)) + 1
@@ -266,9 +291,7 @@ class SampleIndex:
         """Fetched bytes per sample on average (a shared range counted once)."""
         if len(self) == 0:
             return 0
-        lengths = self._table.rows["length"]
-        starts = self._reader.range_starts() if self._reader.identical else slice(None)
-        return int(np.asarray(lengths[starts]).sum()) // len(self)
+        return int(np.asarray(self._reader.range_fetch_bytes()).sum()) // len(self)
 
     def unit_sizes(self) -> np.ndarray:
         """Samples per read unit in id order: per row group where rows share fetch ranges
@@ -303,7 +326,7 @@ class SampleIndex:
             StoreError: The store failed (``ObjectChangedError`` when an object changed
                 since the index was built: reopen with ``consistency="validate"``).
         """
-        ids = self._ids(sample_ids)
+        ids = self._ids(sample_ids, store)
         if len(ids) == 0:
             return []
         out = self._reader.read(store, ids)
@@ -323,8 +346,8 @@ class SampleIndex:
         Raises:
             ConfigError: An id is out of range.
         """
-        other = None if elsewhere is None else self._ids(elsewhere)
-        self._reader.hint(store, self._ids(sample_ids), other)
+        other = None if elsewhere is None else self._ids(elsewhere, store)
+        self._reader.hint(store, self._ids(sample_ids, store), other)
 
     def source(self, store: Store | None = None) -> IndexSource:
         """This index bound to a store: the cache's ``SampleSource``.

@@ -6,7 +6,14 @@ Files (all ``.npy`` so that ``numpy.load(mmap_mode="r")`` maps them without read
 * ``objects.npy`` — one ``OBJECT_DTYPE`` row (48 bytes) per object: size, the two
   64-bit halves of its digest, and the end offsets of its path, ETag and extra bytes;
 * ``paths.npy``, ``etags.npy``, ``extras.npy`` — those byte strings back to back;
-* ``meta.json`` — format version, dataset id, fingerprint, layout and its options.
+* ``meta.json`` — format version, dataset id, fingerprint, layout and its options;
+* the arrays ``meta.json`` names under ``"arrays"`` (``<name>.npy``): what a table opened
+  from a published manifest carries beside its rows (``fastdata/index/_manifest.py``:
+  the CRC32C of every row's bytes, the parts fetched so far, the per-object counts).
+
+A table opened from a manifest is written with its row count only: ``rows.npy`` is then
+a sparse file of that length whose rows are filled in, part by part, as reads reach them
+(NOTE[manifest-parts] in ``fastdata/index/_manifest.py``).
 
 Versions of one index live side by side under one root directory; :class:`TableVersions`
 publishes a new one atomically. Nothing here knows about stores; ``fastdata.index``
@@ -99,6 +106,15 @@ def _save(path: Path, array: np.ndarray) -> None:
         os.fsync(f.fileno())
 
 
+def _sparse(path: Path, dtype: np.dtype[Any], count: int) -> None:
+    """A ``.npy`` file of ``count`` zero items, sparse on disk until written."""
+    array = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=(count,))
+    array.flush()
+    del array
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
 def _load(path: Path) -> np.ndarray:
     # A plain ndarray view of the map (its base keeps the map alive): indexing a
     # np.memmap subclass costs a Python-level __getitem__ per call.
@@ -116,24 +132,40 @@ class SampleTable:
         self._paths = arrays["paths"]
         self._etags = arrays["etags"]
         self._extras = arrays["extras"]
-        self._first: np.ndarray | None = None
+        self.arrays: dict[str, np.ndarray] = {
+            name: arrays[name] for name in meta.get("arrays", ()) if name in arrays
+        }
+        """The arrays ``meta.json`` names under ``"arrays"`` (a manifest's CRCs and parts)."""
+        self._first: np.ndarray | None = arrays.get("first_rows")
 
     @staticmethod
     def write(
         directory: Path,
         *,
         meta: dict[str, Any],
-        rows: np.ndarray,
+        rows: np.ndarray | int,
         objects: Sequence[ObjectInfo],
         extras: Sequence[bytes] | None,
+        arrays: dict[str, np.ndarray | tuple[np.dtype[Any], int]] | None = None,
     ) -> None:
         """Write a table into the new directory ``directory`` (created; fsynced).
+
+        Args:
+            directory: The new directory.
+            meta: What ``meta.json`` holds (the format, counts and array names are added).
+            rows: The rows, or their count: ``rows.npy`` is then a sparse file of zero
+                rows to be filled in later (a table opened from a manifest).
+            objects: The source objects.
+            extras: The layout's bytes per object.
+            arrays: More arrays saved beside the rows (``<name>.npy``), listed in
+                ``meta.json`` and mapped on open as :attr:`arrays`; a ``(dtype, count)``
+                pair is saved as a sparse file of zeros, like ``rows`` given as a count.
 
         Raises:
             ValueError: ``rows`` has the wrong dtype, or ``extras`` the wrong length.
             OSError: The directory exists or cannot be written.
         """
-        if rows.dtype != ROW_DTYPE:
+        if not isinstance(rows, int) and rows.dtype != ROW_DTYPE:
             raise ValueError(f"rows must have dtype {ROW_DTYPE}, not {rows.dtype}")
         if extras is not None and len(extras) != len(objects):
             raise ValueError(f"{len(extras)} extras for {len(objects)} objects")
@@ -147,15 +179,61 @@ class SampleTable:
         paths, table["path_end"] = _blob([o.path.encode(*_ENCODING) for o in objects])
         etags, table["etag_end"] = _blob([(o.etag or "").encode(*_ENCODING) for o in objects])
         extra_blob, table["extra_end"] = _blob(list(extras) if extras else [b""] * len(objects))
-        for name, array in (
-            ("rows", rows),
-            ("objects", table),
-            ("paths", paths),
-            ("etags", etags),
-            ("extras", extra_blob),
-        ):
+        SampleTable.write_arrays(
+            directory, meta=meta, rows=rows, objects=table, blobs=(paths, etags, extra_blob),
+            arrays=arrays,
+        )  # fmt: skip
+
+    @staticmethod
+    def write_arrays(
+        directory: Path,
+        *,
+        meta: dict[str, Any],
+        rows: np.ndarray | int,
+        objects: np.ndarray,
+        blobs: tuple[np.ndarray, np.ndarray, np.ndarray],
+        arrays: dict[str, np.ndarray | tuple[np.dtype[Any], int]] | None = None,
+    ) -> None:
+        """:meth:`write` from the object table as saved: ``OBJECT_DTYPE`` rows and the
+        path, ETag and extra blobs (what :meth:`blobs` gives; a published manifest ships
+        them, so a fresh node writes its table without a Python step per object).
+
+        Raises:
+            ValueError: ``objects`` or a blob does not fit the format.
+            OSError: The directory cannot be written.
+        """
+        if objects.dtype != OBJECT_DTYPE:
+            raise ValueError(f"objects must have dtype {OBJECT_DTYPE}, not {objects.dtype}")
+        for column, blob in zip(("path_end", "etag_end", "extra_end"), blobs, strict=True):
+            ends = objects[column]
+            if blob.dtype != np.uint8 or (
+                len(ends) and (int(ends[-1]) != len(blob) or bool((np.diff(ends) < 0).any()))
+            ):
+                raise ValueError(f"the {column} of the objects does not fit its blob")
+        if not directory.exists():
+            directory.mkdir(mode=0o700)
+        saved: list[tuple[str, np.ndarray]] = [
+            ("objects", objects),
+            ("paths", blobs[0]),
+            ("etags", blobs[1]),
+            ("extras", blobs[2]),
+        ]
+        for name, value in sorted((arrays or {}).items()):
+            if isinstance(value, tuple):
+                _sparse(directory / f"{name}.npy", value[0], value[1])
+            else:
+                saved.append((name, value))
+        if isinstance(rows, int):
+            _sparse(directory / "rows.npy", ROW_DTYPE, rows)
+            count = rows
+        else:
+            saved.append(("rows", rows))
+            count = len(rows)
+        for name, array in saved:
             _save(directory / f"{name}.npy", array)
-        full_meta = dict(meta, format=FORMAT_VERSION, samples=len(rows), objects=len(objects))
+        full_meta = dict(meta, format=FORMAT_VERSION, samples=count, objects=len(objects))
+        if arrays:
+            full_meta["arrays"] = sorted(arrays)
         with open(directory / "meta.json", "w", encoding="utf-8") as f:
             json.dump(full_meta, f, sort_keys=True)
             f.flush()
@@ -173,10 +251,8 @@ class SampleTable:
             meta = json.load(f)
         if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
             raise ValueError(f"index {directory} has format {meta.get('format')!r}")
-        arrays = {
-            name: _load(directory / f"{name}.npy")
-            for name in ("rows", "objects", "paths", "etags", "extras")
-        }
+        names = ("rows", "objects", "paths", "etags", "extras", *meta.get("arrays", ()))
+        arrays = {name: _load(directory / f"{name}.npy") for name in names}
         if (
             arrays["rows"].dtype != ROW_DTYPE
             or arrays["objects"].dtype != OBJECT_DTYPE
@@ -218,6 +294,11 @@ class SampleTable:
         (no copy: for readers of a few bytes of a large extra, tar member names)."""
         start, end = self._span("extra_end", i)
         return np.asarray(self._extras[start:end])
+
+    def blobs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The path, ETag and extra bytes of every object, back to back (``uint8``), as
+        the ``*_end`` columns of :attr:`objects` cut them."""
+        return self._paths, self._etags, self._extras
 
     def digest(self, i: int) -> bytes:
         """The 16-byte digest of object ``i``."""

@@ -149,7 +149,14 @@ class DoctorReport:
 
 
 def transfer_checks(index: SampleIndex, verify: str) -> str:
-    """What checks the bytes of ``index``'s reads in transit (docs/store.md)."""
+    """What checks the bytes of ``index``'s reads in transit (docs/store.md), and what to
+    run where nothing does."""
+    if index.generation is not None:
+        return (
+            "every read: the CRC32C of each row's bytes (tar members, Parquet row groups, "
+            "packed records, whole objects) in the manifest published beside the data "
+            f"(generation {index.generation}); a damaged range is read again"
+        )
     if verify == "never":
         return "none: verify_transfers='never' (FASTDATA_STORE_VERIFY_TRANSFERS)"
     if index.layout.name == "packed":
@@ -158,8 +165,8 @@ def transfer_checks(index: SampleIndex, verify: str) -> str:
         return (
             f"none for the {index.layout.name} layout's ranged reads: S3 checksums and "
             "ETags cover whole objects only. Bytes damaged in transit would be cached: use "
-            "an https endpoint, or `fastdata pack` the data into packed shards, whose "
-            "records carry a CRC"
+            f"an https endpoint, or run `fastdata publish {index.url}` (a CRC32C of every "
+            "range it reads), or `fastdata pack` the data into packed shards"
         )
     multipart = sum(
         1 for i in range(index.object_count) if "-" in (index.object_info(i).etag or "")
@@ -170,7 +177,8 @@ def transfer_checks(index: SampleIndex, verify: str) -> str:
     if multipart:
         text += (
             f"; {multipart} of {index.object_count} objects were uploaded in parts (ETag "
-            "'<md5>-N') and can be checked only by a stored checksum"
+            "'<md5>-N'): checked by their multipart ETag where the parts are of a usual "
+            f"size; `fastdata publish {index.url}` checks every one"
         )
     return text
 

@@ -14,7 +14,7 @@ from fastdata.store._faults import CorruptTransfer, Failure, FaultKind, RestartR
 from fastdata.store._job import ReadJob
 from fastdata.store._retry import Counters
 from fastdata.store._types import ObjectInfo
-from fastdata.store._verify import Verifier
+from fastdata.store._verify import PartSizeNeeded, Verifier
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -66,11 +66,20 @@ class Backend(abc.ABC):
         verifier = self.verifier
         if verifier is not None:
             try:
-                verifier.check(job, data)
+                try:
+                    verifier.check(job, data)
+                except PartSizeNeeded:  # NOTE[multipart-etag]: one HEAD ?partNumber=1
+                    part = await self.first_part_bytes(job.req.path, job.source_etag)
+                    verifier.check(job, data, part_bytes=part or 0)
             except CorruptTransfer:
                 job.restart()  # none of these bytes can be trusted: fetch it all again
                 raise
         return data
+
+    async def first_part_bytes(self, path: str, etag: str | None) -> int | None:
+        """The size of the first part of the multipart object ``path`` (``HEAD
+        ?partNumber=1``, pinned to ``etag``), or ``None`` where the backend cannot ask."""
+        return None
 
     @abc.abstractmethod
     async def read_attempt(self, job: ReadJob) -> Buffer:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import functools
+import logging
 import urllib.parse
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -50,6 +51,8 @@ if TYPE_CHECKING:
     from typing_extensions import Buffer
 
 __all__ = ["FsspecBackend", "etag_of", "s3fs_options"]
+
+log = logging.getLogger(__name__)
 
 #: GetObject parameters s3fs may carry in ``req_kw``/``s3_additional_kwargs``.
 _GET_KWARGS = frozenset(
@@ -260,6 +263,22 @@ class FsspecBackend(Backend):
 
     def _count_read(self, nbytes: int) -> None:
         self.counters.add("bytes_read", nbytes)
+
+    async def first_part_bytes(self, path: str, etag: str | None) -> int | None:
+        """``HEAD ?partNumber=1`` through s3fs's client (S3 only; NOTE[multipart-etag])."""
+        if not self._is_s3 or self._s3 is None:
+            return None
+        bucket, key, _ = self._fs.split_path(self._full(path))
+        head: dict[str, Any] = {"Bucket": bucket, "Key": key, "PartNumber": 1}
+        if etag is not None:
+            head["IfMatch"] = quote_etag(etag)
+        self.counters.add("requests")
+        try:
+            answer = await self._s3.head_object(**head)
+            return int(answer["ContentLength"])
+        except Exception as exc:  # any answer but a part's length: two reads decide
+            log.info("HEAD ?partNumber=1 of %s: no part size (%s)", path, type(exc).__name__)
+            return None
 
     async def head(self, path: str) -> ObjectInfo:
         meta = await self._call("info", self._full(path))

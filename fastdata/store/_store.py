@@ -293,12 +293,16 @@ class Store:
         result: ObjectInfo = self._run(run)
         return result
 
-    def get_many(self, requests: Sequence[ByteRange]) -> builtins.list[Buffer]:
+    def get_many(
+        self, requests: Sequence[ByteRange], *, max_attempts: int | None = None
+    ) -> builtins.list[Buffer]:
         """Read many byte ranges concurrently; the results come back in request order.
 
         At most ``config.max_concurrency`` requests are in flight. Each item supports the
         buffer protocol (``bytes``, obstore ``Bytes`` or ``bytearray``): wrap it in
-        ``memoryview()``, never assume ``bytes``.
+        ``memoryview()``, never assume ``bytes``. ``max_attempts`` caps each read's
+        attempts within the budget, as for :meth:`list` (an open reading a published
+        manifest while a saved index can stand in for it: NOTE[offline-open]).
 
         Raises:
             ConfigError: ``requests`` is not a sequence of ``ByteRange`` with object paths.
@@ -310,12 +314,18 @@ class Store:
         reqs = check_requests(requests)
         if not reqs:
             return []
+        if max_attempts is not None and (type(max_attempts) is not int or max_attempts < 1):
+            raise ConfigError(f"max_attempts must be a positive int or None, got {max_attempts!r}")
 
         async def run(proc: _Process) -> list[Buffer]:
             parted = PartedReads(reqs, self.config.range_part_bytes)  # NOTE[range-parts]
             parts = parted.parts
             indices = iter(range(len(parts)))
             backend, env = proc.backend, proc.env
+            if max_attempts is not None:
+                own = env.policy.max_attempts
+                fewest = max_attempts if own is None else min(own, max_attempts)
+                env = replace(env, policy=replace(env.policy, max_attempts=fewest))
 
             async def worker() -> None:
                 for i in indices:

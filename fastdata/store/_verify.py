@@ -50,7 +50,14 @@ from fastdata.store._retry import Counters
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-__all__ = ["CHECKSUM_HEADERS", "PART_SIZES", "Verifier", "checksums_in", "multipart_etag"]
+__all__ = [
+    "CHECKSUM_HEADERS",
+    "PART_SIZES",
+    "PartSizeNeeded",
+    "Verifier",
+    "checksums_in",
+    "multipart_etag",
+]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +78,12 @@ PART_SIZES = tuple(n * _MIB for n in (8, 5, 16, 64, 15, 50, 32, 100, 128, 256, 5
 _UNGUESSABLE_MAX = 4096
 #: Slices fed to the CRC32C library, which takes only read-only buffers (bytes, Bytes).
 _CRC_SLICE = 4 * 1024 * 1024
+
+
+class PartSizeNeeded(Exception):  # a request to the backend, not a failure
+    """No usual part size verifies a multipart body: the backend is asked for the exact
+    size of its first part (``HEAD ?partNumber=1``, NOTE[multipart-etag]), then the body
+    is checked again with it. Never leaves ``Backend.read``."""
 
 
 def checksums_in(headers: Mapping[str, str]) -> dict[str, str]:
@@ -144,12 +157,23 @@ class Verifier:
         """Whether the MD5 of a single-part ETag is checked."""
         self._unguessable: set[tuple[str, str]] = set()
         """Multipart objects whose parts are not of a size in ``PART_SIZES``."""
+        self._part_bytes: dict[tuple[str, str], int] = {}
+        """First-part sizes the backend gave (``0``: it could not tell), per object."""
 
-    def check(self, job: ReadJob, data: Buffer) -> bool:
+    def check(self, job: ReadJob, data: Buffer, *, part_bytes: int | None = None) -> bool:
         """Check one finished read; whether a checksum of the source confirmed it.
+
+        Args:
+            job: The read.
+            data: Its bytes.
+            part_bytes: The exact size of the object's first part, as the backend's
+                ``HEAD ?partNumber=1`` gave it after :class:`PartSizeNeeded` (``0``: the
+                backend cannot tell).
 
         Raises:
             CorruptTransfer: The bytes differ from the source's checksum (counted).
+            PartSizeNeeded: A multipart body no usual part size verifies, and the exact
+                size has not been asked for yet.
         """
         size = job.object_size
         if job.req.start != 0 or size is None or len(memoryview(data)) != size:
@@ -174,7 +198,7 @@ class Verifier:
         if not self.md5 or etag is None:
             return False
         if _MD5_ETAG.fullmatch(etag) is None:
-            return self._check_multipart(job, data, etag)
+            return self._check_multipart(job, data, etag, part_bytes)
         got = _digest("md5", data)
         if got.hex() == etag.lower():
             self.counters.add("verified_reads")
@@ -188,7 +212,9 @@ class Verifier:
             f"MD5 of the {size}-byte body of {job.req.path!r} is {got.hex()}, its ETag says {etag}"
         )
 
-    def _check_multipart(self, job: ReadJob, data: Buffer, etag: str) -> bool:
+    def _check_multipart(
+        self, job: ReadJob, data: Buffer, etag: str, part_bytes: int | None
+    ) -> bool:
         """NOTE[multipart-etag]: a multipart upload's ETag is the MD5 of its parts' MD5s
         followed by ``-<parts>``. The parts are not known from a GET, but uploaders cut
         them at a fixed size, so each size of ``PART_SIZES`` that gives this many parts
@@ -198,6 +224,13 @@ class Verifier:
         candidate), the object is taken to have parts of another size, this read is
         accepted unverified and the object is not checked again in this process. An
         object whose part count no candidate size gives is not checked.
+
+        Before that second read, the exact size of the first part is asked for once per
+        object and process (``HEAD ?partNumber=1``: S3 and SeaweedFS answer with that
+        part's length; ``PartSizeNeeded``, answered by the backend): parts of that size
+        (all but the last, as every uploader cuts them) give the ETag or the body is
+        damaged, and is read again. A backend that cannot ask, or an answer that does
+        not give the ETag's part count, leaves the two-reads rule above.
         """
         found = _MULTIPART_ETAG.fullmatch(etag)
         key = (job.req.path, etag)
@@ -205,12 +238,26 @@ class Verifier:
             return False
         view = memoryview(data)
         expected, parts = found.group(1).lower(), int(found.group(2))
+        exact = self._part_bytes.get(key)
+        if exact is None and part_bytes is not None:
+            exact = part_bytes
+            if len(self._part_bytes) < _UNGUESSABLE_MAX:
+                self._part_bytes[key] = part_bytes
+        if exact and -(-len(view) // exact) == parts:
+            got = multipart_etag(view, exact)
+            if got.hex() == expected:
+                self.counters.add("verified_reads")
+                return True
+            self.counters.add("corrupt_transfers")
+            raise CorruptTransfer(
+                f"the multipart ETag of the {len(view)}-byte body of {job.req.path!r} with "
+                f"parts of {exact} bytes (its first part's size) is {got.hex()}-{parts}, the "
+                f"store says {etag}"
+            )
         if parts == 1:  # one part: every size that holds the whole body gives one digest
             sizes = [max(1, len(view))] if len(view) <= PART_SIZES[-1] else []
         else:
             sizes = [s for s in PART_SIZES if -(-len(view) // s) == parts]
-        if not sizes:
-            return False
         first = b""
         for size in sizes:
             got = multipart_etag(view, size)
@@ -218,6 +265,10 @@ class Verifier:
                 self.counters.add("verified_reads")
                 return True
             first = first or got
+        if exact is None and parts > 1:
+            raise PartSizeNeeded(job.req.path)
+        if not sizes:
+            return False
         if job.bad_digest == first:
             if len(self._unguessable) < _UNGUESSABLE_MAX:
                 self._unguessable.add(key)

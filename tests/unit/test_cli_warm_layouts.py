@@ -89,7 +89,15 @@ def test_packed_shards_and_a_corrupt_one(tmp_path: Path, config: FastdataConfig)
     for i in range(60):
         (src / f"{i:03d}.bin").write_bytes(bytes([i]) * (2000 + i))
     dst = tmp_path / "packed"
-    pack(str(src), str(dst), layout="files", shard_bytes=40_000, cache_dir=str(tmp_path / "p"))
+    # Not published: a manifest would see the damaged shard as changed, not corrupt.
+    pack(
+        str(src),
+        str(dst),
+        layout="files",
+        shard_bytes=40_000,
+        cache_dir=str(tmp_path / "p"),
+        publish=False,
+    )
     shards = sorted(dst.glob("*.fdpack"))
     assert len(shards) >= 3
     scratch = open_index(str(dst), layout="packed", cache_dir=tmp_path / "scratch")

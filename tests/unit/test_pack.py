@@ -232,6 +232,7 @@ def test_cli_pack_round_trips_and_reports(
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     assert "packed 120 samples into" in result.output
+    assert "published its manifest" in result.output  # issue 22: pack publishes DST
     assert_round_trip(str(image_folder), str(dst), str(tmp_path / "cache"), labels=True)
     rerun = CliRunner().invoke(cli, args)
     assert rerun.exit_code == 0
