@@ -3,6 +3,8 @@ directory and peer server on 127.0.0.1 (docs/cluster.md)."""
 
 from __future__ import annotations
 
+import errno
+import os
 import socket
 import urllib.error
 import urllib.request
@@ -335,3 +337,98 @@ def test_a_server_that_cannot_listen_fails_start_but_never_a_batch(tmp_path: Pat
         tier.close()
     finally:
         taken.close()
+
+
+def _delivered_from_the_store(config: CacheConfig, directory: Any) -> tuple[PeerTier, Any]:
+    """A node whose chain is over ``config``: every batch delivered, byte-identical."""
+    tiers = cluster_tiers(config, ClusterConfig(enabled=True, timeout_s=1.0), directory)
+    peer = tiers[-1]
+    assert isinstance(peer, PeerTier)
+    assert peer.start() is None  # no server, no crash: a client
+    source = FakeSource(N)
+    ids = list(range(20))
+    with ReadThroughCache(tiers, source, config=config) as cache:
+        for _ in range(2):
+            with cache.get_many(ids) as lease:
+                assert [bytes(b) for b in lease.buffers] == [source.expected(i) for i in ids]
+        stats = cache.stats()
+    return peer, stats
+
+
+def test_a_cache_dir_under_a_regular_file_slows_nothing_and_stops_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "file").write_bytes(b"not a directory")
+    config = CacheConfig(dir=str(tmp_path / "file" / "c"), ram_bytes=0, min_free_bytes=0)
+    peers = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    with caplog.at_level("WARNING", logger="fastdata.cache.peer"):
+        peer, _ = _delivered_from_the_store(config, StaticDirectory(peers, 0, TOKEN))
+    assert peer.serving is None
+    warned = [r for r in caplog.records if "cannot serve" in r.getMessage()]
+    assert len(warned) == 1  # one warning, not one per batch
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory")
+def test_a_read_only_cache_dir_slows_nothing_and_stops_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "ro"
+    root.mkdir()
+    root.chmod(0o500)
+    try:
+        config = CacheConfig(dir=str(root), ram_bytes=0, min_free_bytes=0)
+        peers = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+        peer, _ = _delivered_from_the_store(config, StaticDirectory(peers, 0, TOKEN))
+        assert peer.serving is None
+    finally:
+        root.chmod(0o700)
+
+
+def test_an_election_that_raises_an_os_error_acts_as_a_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fastdata.cache.peer import _tier
+
+    def no_locks(root: Path) -> int | None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(_tier, "elect", no_locks)
+    config = CacheConfig(dir=str(tmp_path / "c"), ram_bytes=0, min_free_bytes=0)
+    peers = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    peer, _ = _delivered_from_the_store(config, StaticDirectory(peers, 0, TOKEN))
+    assert peer.serving is None
+
+
+class FlakyPublish(StaticDirectory):
+    """A directory whose first ``fails`` publishes raise, as a TCPStore that went away."""
+
+    def __init__(self, peers: list[str], node: int, fails: int) -> None:
+        super().__init__(peers, node, TOKEN)
+        self.fails = fails
+        self.published: list[str] = []
+
+    def publish(self, address: str) -> None:
+        if self.fails:
+            self.fails -= 1
+            raise RuntimeError("store went away")
+        self.published.append(address)
+
+
+def test_a_publish_that_raises_is_retried_and_never_stops_a_batch(tmp_path: Path) -> None:
+    config = CacheConfig(dir=str(tmp_path / "c"), ram_bytes=0, min_free_bytes=0)
+    peers = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    directory = FlakyPublish(peers, 0, fails=2)
+    tier = PeerTier(config, ClusterConfig(enabled=True, timeout_s=1.0), directory)
+    try:
+        assert tier.start() is None  # the publish failed: not serving, no crash
+        assert tier.serving is None  # never serving an address nobody was told
+        keys = FakeSource(N).keys(owned_by(1, 2)[:2])
+        tier._next_elect = 0.0  # the next election tick
+        with tier.get_many(keys, keys) as lease:  # fails again: still no crash
+            assert lease.buffers == [None, None]
+        assert tier.serving is None
+        tier._next_elect = 0.0
+        with tier.get_many(keys, keys):
+            pass
+        assert tier.serving is not None
+        assert directory.published == [tier.serving]  # published once it serves
+    finally:
+        tier.close()

@@ -113,6 +113,7 @@ class PeerTier:
         self._server: PeerServer | None = None
         self._lock_fd: int | None = None
         self._next_elect = 0.0
+        self._warned = False
         self._transport = self._given_transport or HttpTransport(self.directory.token)
 
     @property
@@ -122,26 +123,46 @@ class PeerTier:
 
     def start(self) -> str | None:
         """Try now to become the node's server (NOTE[peer-election]); the address it
-        serves at, or ``None`` when another process of the node serves.
+        serves at, or ``None`` when another process of the node serves or this one
+        cannot (the cache directory cannot hold the lock, the address could not be
+        published: one warning, then this process is a client and tries again later).
 
         Raises:
             CacheError: This process won the election but its server cannot listen
-                (the address is taken or not this host's).
+                (the address is taken or not this host's: a setting to fix).
         """
         self._next_elect = 0.0
-        self._ensure_server()
+        try:
+            self._ensure_server()
+        except CacheError:
+            raise
+        except Exception as exc:  # NOTE[peer-tier]: the peer level never stops a job
+            self._cannot_serve(exc)
         return self.serving
 
     def _try_server(self) -> None:
-        """:meth:`_ensure_server` from a read or a write: a server that cannot start
-        then is logged and retried later; the batch goes on as a client's."""
+        """:meth:`_ensure_server` from a read or a write: whatever fails is logged and
+        retried later; the batch goes on as a client's (NOTE[peer-tier])."""
         try:
             self._ensure_server()
-        except CacheError as exc:
-            _log.warning("node %d cannot serve its peers now: %s", self.ownership.node, exc)
+        except Exception as exc:  # a full disk, NFS without locks, a store that went away
+            self._cannot_serve(exc)
+
+    def _cannot_serve(self, exc: BaseException) -> None:
+        log = _log.debug if self._warned else _log.warning
+        self._warned = True
+        log(
+            "node %d cannot serve its peers now (%r); this process reads as a client and "
+            "tries again in %.0f s",
+            self.ownership.node,
+            exc,
+            _ELECT_EVERY_S,
+        )
 
     def _ensure_server(self) -> None:
-        """NOTE[peer-election]: try to become the node's server, now and then."""
+        """NOTE[peer-election]: try to become the node's server, now and then. The server
+        is this process's only once its address is published: a publish that fails
+        closes it and gives the lock back, and the next tick tries again."""
         now = time.monotonic()
         if self._server is not None or now < self._next_elect:
             return
@@ -152,8 +173,9 @@ class PeerTier:
             fd = elect(self.config.resolved_dir())
             if fd is None:
                 return
-            host, port = self.directory.listen()
+            server: PeerServer | None = None
             try:
+                host, port = self.directory.listen()
                 server = PeerServer(
                     self.config,
                     host=host,
@@ -162,12 +184,17 @@ class PeerTier:
                     owned=self.ownership.owned,
                     mangle=self._mangle,
                 )
-            except Exception:
+                try:
+                    announce(fd, self.ownership.node, server.address)
+                except OSError as exc:  # only what ``fastdata stats`` shows: serve anyway
+                    _log.debug("cannot write the node's role into its lock file: %r", exc)
+                self.directory.publish(server.address)
+            except BaseException:
+                if server is not None:
+                    server.close()
                 os.close(fd)
                 raise
             self._server, self._lock_fd = server, fd
-            announce(fd, self.ownership.node, server.address)
-        self.directory.publish(server.address)
         _log.info("node %d serves its cache to peers at %s", self.ownership.node, server.address)
 
     def _timeout_s(self) -> float:
