@@ -406,6 +406,10 @@ class ClusterConfig:
     host: str = ""
     """Under torchrun: the address this node's server binds; empty means the local
     address that reaches ``MASTER_ADDR`` (the rendezvous network)."""
+    cache_name: str = ""
+    """Under torchrun: which cache of the job this is, the same on every node; empty
+    means the cache directory's path names it (the nodes use the same path). Set it when
+    the nodes' directories differ by path (several simulated nodes on one machine)."""
     timeout_s: float = 5.0
     """Ceiling of a peer request's timeout (the timeout follows observed latency below it)."""
     wait_s: float = 60.0

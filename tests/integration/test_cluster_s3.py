@@ -51,6 +51,8 @@ def start_nodes(
     procs = []
     for node in range(nodes):
         node_env = dict(os.environ, **(env or {}), FASTDATA_CACHE_DIR=str(out / f"cache{node}"))
+        # One machine, one directory per node: the path cannot name the shared cache.
+        node_env["FASTDATA_CLUSTER_CACHE_NAME"] = "test"
         args = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}"]
         args += ["--nproc-per-node=1", f"--node-rank={node}", "--master-addr=127.0.0.1"]
         args += [f"--master-port={port}", "--max-restarts=0", str(SCRIPT), target.url]

@@ -211,16 +211,33 @@ def test_bodies_that_break_the_wire_format_are_refused() -> None:
 
 
 def test_one_process_per_node_wins_the_server_election(tmp_path: Path) -> None:
-    first = elect(tmp_path)
+    first = elect(tmp_path, "job")
     assert first is not None
     try:
-        assert elect(tmp_path) is None
+        assert elect(tmp_path, "job") is None
+        other_job = elect(tmp_path, "job2")  # another job on the node elects its own
+        assert other_job is not None
+        os.close(other_job)
     finally:
-        import os
-
         os.close(first)
-    again = elect(tmp_path)
+    again = elect(tmp_path, "job")
     assert again is not None
+    os.close(again)
+
+
+def test_two_jobs_sharing_a_cache_dir_each_serve_their_node(tmp_path: Path) -> None:
+    config = CacheConfig(dir=str(tmp_path / "shared"), ram_bytes=0, min_free_bytes=0)
+    tiers = []
+    try:
+        for token in ("job-a", "job-b"):
+            peers = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+            directory = StaticDirectory(peers, 0, token)
+            tiers.append(PeerTier(config, ClusterConfig(enabled=True), directory))
+        # Before, the second job never served: the first held the node's one lock.
+        assert [t.start() for t in tiers] == [t.directory.address(0) for t in tiers]
+    finally:
+        for tier in tiers:
+            tier.close()
 
 
 def test_an_explicit_peer_list_is_checked() -> None:

@@ -149,7 +149,7 @@ def test_only_a_nodes_first_process_waits_for_the_others(monkeypatch: pytest.Mon
         cluster = ClusterConfig(enabled=True)
         first = RendezvousDirectory(Rendezvous("127.0.0.1", port, 0, 2, "j"), cluster)
         assert first.wait_all(0.1) is False  # node 1 never comes
-        marker = "fastdata/cluster/j/waited/0"
+        marker = "fastdata/cluster/j/waited/default/0"
         assert eventually(lambda: first._store.check([marker]))
 
         def no_sleep(seconds: float) -> None:
@@ -158,5 +158,36 @@ def test_only_a_nodes_first_process_waits_for_the_others(monkeypatch: pytest.Mon
         monkeypatch.setattr(_cluster.time, "sleep", no_sleep)
         later = RendezvousDirectory(Rendezvous("127.0.0.1", port, 0, 2, "j"), cluster)
         assert later.wait_all(60) is False
+    finally:
+        del master  # the store stops with its master
+
+
+def test_each_cache_dir_of_a_job_has_its_own_published_address() -> None:
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from fastdata.dataset import RendezvousDirectory, cache_share
+
+    a = cache_share(CacheConfig(dir="/data/a"), ClusterConfig())
+    b = cache_share(CacheConfig(dir="/data/b"), ClusterConfig())
+    assert a != b
+    assert a == cache_share(CacheConfig(dir="/data/a/"), ClusterConfig())
+    named = ClusterConfig(cache_name="train")  # cache dirs that differ by path per node
+    assert cache_share(CacheConfig(dir="/n0"), named) == cache_share(CacheConfig(dir="/n1"), named)
+    port = free_port()
+    master = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30))
+    try:
+        cluster = ClusterConfig(enabled=True, wait_s=0.2)
+
+        def directory(node: int, share: str) -> RendezvousDirectory:
+            return RendezvousDirectory(
+                Rendezvous("127.0.0.1", port, node, 2, "job"), cluster, share
+            )
+
+        directory(0, a).publish("127.0.0.1:4001")
+        directory(0, b).publish("127.0.0.1:4002")  # a second dataset, another cache dir
+        assert eventually(lambda: directory(1, a).address(0)) == "127.0.0.1:4001"
+        assert eventually(lambda: directory(1, b).address(0)) == "127.0.0.1:4002"
     finally:
         del master  # the store stops with its master

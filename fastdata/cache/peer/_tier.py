@@ -29,7 +29,7 @@ from typing import Any
 from fastdata._fork import reset_in_forked_child
 from fastdata.cache.peer._directory import PeerDirectory
 from fastdata.cache.peer._owner import Ownership
-from fastdata.cache.peer._server import PeerServer, announce, elect
+from fastdata.cache.peer._server import PeerServer, announce, elect, job_id
 from fastdata.cache.peer._transport import HttpTransport, PeerTransport, PeerUnavailable
 from fastdata.cache.peer._wire import (
     WireError,
@@ -170,7 +170,7 @@ class PeerTier:
             if self._closed or self._server is not None or now < self._next_elect:
                 return
             self._next_elect = now + _ELECT_EVERY_S
-            fd = elect(self.config.resolved_dir())
+            fd = elect(self.config.resolved_dir(), job_id(self.directory.token))
             if fd is None:
                 return
             server: PeerServer | None = None
