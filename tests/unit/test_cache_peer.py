@@ -24,7 +24,15 @@ from fastdata.cache import (
     StaticDirectory,
     cluster_tiers,
 )
-from fastdata.cache.peer import TOKEN_HEADER, WireError, elect, encode_get, encode_put
+from fastdata.cache.peer import (
+    TOKEN_HEADER,
+    PeerUnavailable,
+    WireError,
+    elect,
+    encode_answer,
+    encode_get,
+    encode_put,
+)
 from fastdata.cache.peer._wire import decode_answer, decode_get, decode_put
 from fastdata.config import CacheConfig, ClusterConfig
 from fastdata.errors import ConfigError
@@ -447,5 +455,73 @@ def test_a_publish_that_raises_is_retried_and_never_stops_a_batch(tmp_path: Path
             pass
         assert tier.serving is not None
         assert directory.published == [tier.serving]  # published once it serves
+    finally:
+        tier.close()
+
+
+class Scripted:
+    """A transport whose answers the test picks; it records each request's timeout."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[float] = []
+        self.answer: Callable[[bytes], bytes | PeerUnavailable] = lambda body: body
+
+    def request_many(self, requests: Any, *, timeout_s: float) -> list[bytes | PeerUnavailable]:
+        self.timeouts.append(timeout_s)
+        return [self.answer(body) for _, _, body in requests]
+
+    def close(self) -> None:
+        pass
+
+
+def scripted_tier(tmp_path: Path, transport: Scripted) -> PeerTier:
+    config = CacheConfig(dir=str(tmp_path / "c"), ram_bytes=0, min_free_bytes=0)
+    peers = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    cluster = ClusterConfig(enabled=True, timeout_s=5.0)
+    return PeerTier(config, cluster, StaticDirectory(peers, 0, TOKEN), transport=transport)
+
+
+def misses(body: bytes) -> bytes:
+    keys, fps = decode_get(body)
+    return encode_answer(keys, fps, [None] * len(keys))
+
+
+def test_timeouts_raise_the_timeout_up_to_the_ceiling(tmp_path: Path) -> None:
+    transport = Scripted()
+    tier = scripted_tier(tmp_path, transport)
+    keys = FakeSource(N).keys(owned_by(1, 2)[:2])
+    try:
+        transport.answer = misses  # a fast peer: the timeout falls to the floor
+        for _ in range(3):
+            tier.get_many(keys, keys).close()
+        assert transport.timeouts[0] == 5.0
+        assert transport.timeouts[-1] == 1.0
+        transport.answer = lambda body: PeerUnavailable("slow", timed_out=True)
+        for _ in range(30):  # then the peer got slower than the timeout: it times out
+            tier._peers[1].down_until = 0.0  # past its backoff
+            tier.get_many(keys, keys).close()
+        slow = transport.timeouts[3:]
+        assert slow == sorted(slow)  # each timeout is fed back into the estimate
+        assert slow[-1] == 5.0  # up to the ceiling, never beyond
+    finally:
+        tier.close()
+
+
+def test_a_corrupt_answer_does_not_clear_the_peers_failures(tmp_path: Path) -> None:
+    transport = Scripted()
+    tier = scripted_tier(tmp_path, transport)
+    keys = FakeSource(N).keys(owned_by(1, 2)[:2])
+    try:
+        transport.answer = lambda body: PeerUnavailable("refused")
+        tier.get_many(keys, keys).close()
+        assert tier._peers[1].failures == 1
+        transport.answer = lambda body: b"FDPA" + misses(body)[8:]  # not the wire format
+        tier._peers[1].down_until = 0.0
+        tier.get_many(keys, keys).close()
+        assert tier._peers[1].failures == 1  # a bad answer is no sign of health
+        transport.answer = misses
+        tier._peers[1].down_until = 0.0
+        tier.get_many(keys, keys).close()
+        assert tier._peers[1].failures == 0
     finally:
         tier.close()

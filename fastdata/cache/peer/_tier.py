@@ -6,10 +6,13 @@ checked like an LMDB read (NOTE[peer-wire]). A peer that refuses, resets, times 
 answers a non-200 status makes its keys fall through to the store (``fall_throughs``),
 and is left alone for a backoff (1 s doubling to 60 s) so later batches do not wait for
 it again; an answer that fails a check makes the bad keys fall through and counts them
-(``corruptions``). The timeout of a request is 4x the observed mean latency plus 0.1 s,
-at least 1 s (a busy host must not look dead) and at most ``ClusterConfig.timeout_s``
-(the ceiling, also the first request's). So a peer can slow a batch by at most one
-timeout, never corrupt or stop it.
+(``corruptions``) and leaves the peer's failure count (its next backoff) as it was.
+The timeout of a request is 4x the observed mean latency plus 0.1 s, at least 1 s (a
+busy host must not look dead) and at most ``ClusterConfig.timeout_s`` (the ceiling, also
+the first request's); a request that times out counts as that timeout in the mean, so
+the timeout follows a peer that got slower (up to the ceiling) instead of timing out
+every request for good. So a peer can slow a batch by at most one timeout, never
+corrupt or stop it.
 
 Records the chain read from the store are offered here too (the write-behind thread,
 NOTE[write-behind]): those owned by another node are sent to it (a put), so the owner's
@@ -226,8 +229,9 @@ class PeerTier:
                 backoff,
             )
 
-    def _answered(self, node: int, elapsed_s: float) -> None:
-        self._peers[node].failures = 0
+    def _observed(self, elapsed_s: float) -> None:
+        """One request's latency into the estimate (a timed-out one: its timeout, so
+        the timeout follows a peer that got slower, up to the ceiling)."""
         mean = self._mean_s
         self._mean_s = elapsed_s if mean is None else 0.8 * mean + 0.2 * elapsed_s
 
@@ -268,13 +272,18 @@ class PeerTier:
         hits, bad, fallen = 0, 0, skipped
         if requests:
             sent = time.perf_counter()
-            answers = self._transport.request_many(requests, timeout_s=self._timeout_s())
+            timeout_s = self._timeout_s()
+            answers = self._transport.request_many(requests, timeout_s=timeout_s)
             elapsed = time.perf_counter() - sent
             for (node, idx), answer in zip(asked, answers, strict=True):
                 got, wrong, lost = self._take(node, idx, answer, keys, fingerprints, buffers)
                 hits, bad, fallen = hits + got, bad + wrong, fallen + lost
                 if not isinstance(answer, PeerUnavailable):
-                    self._answered(node, elapsed)
+                    self._observed(elapsed)
+                    if not wrong:  # a bad answer is no sign of health: keep the backoff
+                        self._peers[node].failures = 0
+                elif answer.timed_out:
+                    self._observed(max(elapsed, timeout_s))
         found = [b for b in buffers if b is not None]
         self._stats.record_call(
             "get",
