@@ -400,9 +400,9 @@ class ClusterConfig:
     node order (under torchrun the rendezvous store tells them; leave empty)."""
     node: int | None = None
     """Outside torchrun: this node's index in ``peers`` (torchrun: ``GROUP_RANK``)."""
-    token: str = ""
+    token: str = field(default="", repr=False)
     """Outside torchrun: the job's secret token, the same on every node (torchrun: made
-    once and shared through the rendezvous store)."""
+    once and shared through the rendezvous store). Never in the config's ``repr``."""
     host: str = ""
     """Under torchrun: the address this node's server binds; empty means the local
     address that reaches ``MASTER_ADDR`` (the rendezvous network)."""

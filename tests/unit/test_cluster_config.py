@@ -191,3 +191,10 @@ def test_each_cache_dir_of_a_job_has_its_own_published_address() -> None:
         assert eventually(lambda: directory(1, b).address(0)) == "127.0.0.1:4002"
     finally:
         del master  # the store stops with its master
+
+
+def test_the_token_is_never_printed() -> None:
+    cluster = ClusterConfig(peers="a:1", node=0, token="s3cret-token")
+    assert "s3cret-token" not in repr(cluster)
+    assert "s3cret-token" not in repr(FastdataConfig(cluster=cluster))
+    assert cluster.token == "s3cret-token"
