@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -152,12 +153,14 @@ def test_only_a_nodes_first_process_waits_for_the_others(monkeypatch: pytest.Mon
         marker = "fastdata/cluster/j/waited/default/0"
         assert eventually(lambda: first._store.check([marker]))
 
-        def no_sleep(seconds: float) -> None:
-            raise AssertionError("a later process of the node waited again")
-
-        monkeypatch.setattr(_cluster.time, "sleep", no_sleep)
+        # A later process that polled even once would sleep for an hour: it must not.
+        monkeypatch.setattr(_cluster, "_POLL_S", 3600.0)
         later = RendezvousDirectory(Rendezvous("127.0.0.1", port, 0, 2, "j"), cluster)
-        assert later.wait_all(60) is False
+        result: list[bool] = []
+        waiter = threading.Thread(target=lambda: result.append(later.wait_all(60)), daemon=True)
+        waiter.start()
+        waiter.join(timeout=60)  # a hang guard only: a poll would take 3600 s
+        assert result == [False], "a later process of the node waited again"
     finally:
         del master  # the store stops with its master
 
