@@ -407,13 +407,14 @@ def test_a_read_only_cache_dir_slows_nothing_and_stops_nothing(tmp_path: Path) -
         root.chmod(0o700)
 
 
+@pytest.mark.parametrize("code", [errno.ENOLCK, errno.EROFS, errno.EACCES, errno.ENOSPC])
 def test_an_election_that_raises_an_os_error_acts_as_a_client(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
 ) -> None:
     from fastdata.cache.peer import _tier
 
-    def no_locks(root: Path) -> int | None:
-        raise OSError(errno.ENOLCK, "No locks available")
+    def no_locks(root: Path, job: str) -> int | None:  # NFS without locks, a read-only mount
+        raise OSError(code, os.strerror(code))
 
     monkeypatch.setattr(_tier, "elect", no_locks)
     config = CacheConfig(dir=str(tmp_path / "c"), ram_bytes=0, min_free_bytes=0)
