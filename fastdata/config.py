@@ -413,7 +413,7 @@ class ClusterConfig:
     timeout_s: float = 5.0
     """Ceiling of a peer request's timeout (the timeout follows observed latency below it)."""
     wait_s: float = 60.0
-    """How long a process waits at start for every node to publish its address."""
+    """How long a process waits at start for every other node to publish its address."""
 
     def __post_init__(self) -> None:
         _require(

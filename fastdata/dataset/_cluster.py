@@ -8,12 +8,13 @@ value); the process elected to serve its node (NOTE[peer-election]) publishes it
 ``host:port`` under ``fastdata/cluster/<run id>/peer/<share>/<node>``, where ``<share>``
 names the cache directory (:func:`cache_share`: a digest of its path, the same on every
 node, or of ``ClusterConfig.cache_name``), so two datasets with different cache
-directories in one job each find their own servers. The node's first process
-waits at most ``ClusterConfig.wait_s`` for every node to publish (later processes of the
-node do not wait again); a node that has not published yet is skipped (its keys come
-from the store) and looked up again later. Outside torchrun the
-addresses and the token are given (``ClusterConfig.peers``, ``node``, ``token``). torch is
-imported here, in the dataset package, because the TCPStore is torch's.
+directories in one job each find their own servers. The node's first process waits at
+most ``ClusterConfig.wait_s`` for every other node to publish (not for its own node,
+which it never asks; later processes of the node do not wait again); a node that has
+not published yet is skipped (its keys come from the store) and looked up again later.
+Outside torchrun the addresses and the token are given (``ClusterConfig.peers``,
+``node``, ``token``). torch is imported here, in the dataset package, because the
+TCPStore is torch's.
 """
 
 from __future__ import annotations
@@ -131,18 +132,22 @@ class RendezvousDirectory:
             return None
 
     def wait_all(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` until every node has published; ``False`` on timeout.
+        """Wait up to ``timeout_s`` until every other node has published; ``False`` on
+        timeout. This node's own address is not waited for: its processes never ask it,
+        and a node that cannot serve (its cache directory is unusable) must not wait.
 
         Only the node's first process waits: it then marks the node as having waited,
         and later processes of the node (DataLoader workers of later epochs) skip the
         wait, so a node that never came up costs one wait per job, not one per epoch.
         """
-        keys = [self._key(n) for n in self.nodes]
+        keys = [self._key(n) for n in self.nodes if n != self.node]
         done = f"{self._prefix}waited/{self._share}/{self.node}"
         # Polled with check(), which never blocks, rather than TCPStore.wait(timeout):
         # this client is used by every later lookup, and what a wait that timed out
         # leaves behind on it is not documented.
         deadline = time.monotonic() + timeout_s
+        if not keys:  # a job of one node
+            return True
         try:
             with self._lock:
                 if self._store.check([done]):

@@ -201,3 +201,25 @@ def test_the_token_is_never_printed() -> None:
     assert "s3cret-token" not in repr(cluster)
     assert "s3cret-token" not in repr(FastdataConfig(cluster=cluster))
     assert cluster.token == "s3cret-token"
+
+
+def test_a_node_waits_only_for_the_other_nodes() -> None:
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from fastdata.dataset import RendezvousDirectory
+
+    port = free_port()
+    master = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30))
+    try:
+        cluster = ClusterConfig(enabled=True)
+        node0 = RendezvousDirectory(Rendezvous("127.0.0.1", port, 0, 2, "j"), cluster, "s")
+        node1 = RendezvousDirectory(Rendezvous("127.0.0.1", port, 1, 2, "j"), cluster, "s")
+        node1.publish("127.0.0.1:4001")
+        assert eventually(lambda: node0.address(1))
+        # Node 0 could not serve (its cache directory is broken): it never asks itself,
+        # so it does not wait for its own address.
+        assert node0.wait_all(60) is True
+    finally:
+        del master  # the store stops with its master
