@@ -223,3 +223,24 @@ def test_a_node_waits_only_for_the_other_nodes() -> None:
         assert node0.wait_all(60) is True
     finally:
         del master  # the store stops with its master
+
+
+def test_a_dataset_whose_cache_dir_is_under_a_file_still_delivers(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    for i in range(4):
+        (tmp_path / "d" / f"{i}.bin").write_bytes(bytes([i]) * 10)
+    (tmp_path / "file").write_bytes(b"not a directory")
+    config = FastdataConfig(
+        cache=CacheConfig(dir=str(tmp_path / "file" / "c"), min_free_bytes=0),
+        cluster=ClusterConfig(
+            peers=f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}", node=0, token="t"
+        ),
+    )
+    with fastdata.Dataset(tmp_path / "d", config=config, cluster_cache=True) as dataset:
+        loader = fastdata.DataLoader(dataset, batch_size=2)
+        got = sorted(bytes(b["data"].item(i).numpy()) for b in loader for i in range(2))
+        assert got == [bytes([i]) * 10 for i in range(4)]  # from the store, byte-identical
+        stats = loader.stats().cache
+        assert stats is not None
+        peer = next(t for t in stats["tiers"] if t["name"] == "peer")
+        assert peer["state"] == "ok: node 0 (client)"
