@@ -400,16 +400,20 @@ class ClusterConfig:
     node order (under torchrun the rendezvous store tells them; leave empty)."""
     node: int | None = None
     """Outside torchrun: this node's index in ``peers`` (torchrun: ``GROUP_RANK``)."""
-    token: str = ""
+    token: str = field(default="", repr=False)
     """Outside torchrun: the job's secret token, the same on every node (torchrun: made
-    once and shared through the rendezvous store)."""
+    once and shared through the rendezvous store). Never in the config's ``repr``."""
     host: str = ""
     """Under torchrun: the address this node's server binds; empty means the local
     address that reaches ``MASTER_ADDR`` (the rendezvous network)."""
+    cache_name: str = ""
+    """Under torchrun: which cache of the job this is, the same on every node; empty
+    means the cache directory's path names it (the nodes use the same path). Set it when
+    the nodes' directories differ by path (several simulated nodes on one machine)."""
     timeout_s: float = 5.0
     """Ceiling of a peer request's timeout (the timeout follows observed latency below it)."""
     wait_s: float = 60.0
-    """How long a process waits at start for every node to publish its address."""
+    """How long a process waits at start for every other node to publish its address."""
 
     def __post_init__(self) -> None:
         _require(

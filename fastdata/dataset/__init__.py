@@ -41,6 +41,7 @@ from fastdata.dataset._batch import (
 from fastdata.dataset._batch import _to_torch as to_torch
 from fastdata.dataset._cluster import (
     RendezvousDirectory,
+    cache_share,
     cluster_directory,
     open_cluster_tiers,
     with_cluster,
@@ -62,6 +63,7 @@ __all__ = [
     "SourceIndex",
     "SplitBatches",
     "VarTensor",
+    "cache_share",
     "check_on_error",
     "cluster_directory",
     "close_open_datasets",

@@ -5,18 +5,24 @@ store at ``MASTER_ADDR:MASTER_PORT``); every process connects to it as a client,
 there is no service to deploy. Node ``i`` is ``GROUP_RANK``; the job token is made once,
 by whichever process comes first, with ``compare_set`` (every later one reads the same
 value); the process elected to serve its node (NOTE[peer-election]) publishes its
-``host:port`` under ``fastdata/cluster/<run id>/peer/<node>``. The node's first process
-waits at most ``ClusterConfig.wait_s`` for every node to publish (later processes of the
-node do not wait again); a node that has not published yet is skipped (its keys come
-from the store) and looked up again later. Outside torchrun the
-addresses and the token are given (``ClusterConfig.peers``, ``node``, ``token``). torch is
-imported here, in the dataset package, because the TCPStore is torch's.
+``host:port`` under ``fastdata/cluster/<run id>/peer/<share>/<node>``, where ``<share>``
+names the cache directory (:func:`cache_share`: a digest of its path, the same on every
+node, or of ``ClusterConfig.cache_name``), so two datasets with different cache
+directories in one job each find their own servers. The node's first process waits at
+most ``ClusterConfig.wait_s`` for every other node to publish (not for its own node,
+which it never asks; later processes of the node do not wait again); a node that has
+not published yet is skipped (its keys come from the store) and looked up again later.
+Outside torchrun the addresses and the token are given (``ClusterConfig.peers``,
+``node``, ``token``). torch is imported here, in the dataset package, because the
+TCPStore is torch's.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
+import os
 import secrets
 import socket
 import threading
@@ -27,15 +33,33 @@ from torch.distributed import TCPStore  # type: ignore[attr-defined]  # torch re
 
 from fastdata.cache import StaticDirectory, Tier, cluster_tiers
 from fastdata.cache.peer import PeerDirectory, PeerTier
-from fastdata.config import ClusterConfig, FastdataConfig, Rendezvous
+from fastdata.config import CacheConfig, ClusterConfig, FastdataConfig, Rendezvous
 from fastdata.errors import ConfigError
 
-__all__ = ["RendezvousDirectory", "cluster_directory", "open_cluster_tiers", "with_cluster"]
+__all__ = [
+    "RendezvousDirectory",
+    "cache_share",
+    "cluster_directory",
+    "open_cluster_tiers",
+    "with_cluster",
+]
 
 _log = logging.getLogger("fastdata.dataset")
 
 _POLL_S = 0.05
 """How often a process waiting for the other nodes looks again."""
+
+
+def cache_share(cache: CacheConfig, cluster: ClusterConfig) -> str:
+    """Which cache of the job a cache directory is, the same on every node
+    (NOTE[peer-discovery]): a digest of ``cluster.cache_name`` when set, else of the
+    directory's absolute path (the nodes of a job use the same path)."""
+    name = (
+        f"name:{cluster.cache_name}"
+        if cluster.cache_name
+        else (f"dir:{os.path.abspath(cache.resolved_dir())}")
+    )
+    return hashlib.sha256(name.encode()).hexdigest()[:16]
 
 
 class RendezvousDirectory:
@@ -44,13 +68,16 @@ class RendezvousDirectory:
     Args:
         rendezvous: What torchrun told this process.
         cluster: The cluster settings (``host``, ``wait_s``).
+        share: The cache directory's name in the store (:func:`cache_share`); the
+            addresses published and looked up are those of that cache.
 
     Raises:
         ConfigError: The rendezvous store cannot be reached.
     """
 
-    def __init__(self, rendezvous: Rendezvous, cluster: ClusterConfig) -> None:
+    def __init__(self, rendezvous: Rendezvous, cluster: ClusterConfig, share: str = "") -> None:
         self._rdzv = rendezvous
+        self._share = share or "default"
         self._host = cluster.host or _local_address(rendezvous.master_addr, rendezvous.master_port)
         self._prefix = f"fastdata/cluster/{rendezvous.run_id}/"
         self._lock = threading.Lock()
@@ -87,7 +114,7 @@ class RendezvousDirectory:
         return self._host, 0
 
     def _key(self, node: int) -> str:
-        return f"{self._prefix}peer/{node}"
+        return f"{self._prefix}peer/{self._share}/{node}"
 
     def publish(self, address: str) -> None:
         with self._lock:
@@ -105,18 +132,22 @@ class RendezvousDirectory:
             return None
 
     def wait_all(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` until every node has published; ``False`` on timeout.
+        """Wait up to ``timeout_s`` until every other node has published; ``False`` on
+        timeout. This node's own address is not waited for: its processes never ask it,
+        and a node that cannot serve (its cache directory is unusable) must not wait.
 
         Only the node's first process waits: it then marks the node as having waited,
         and later processes of the node (DataLoader workers of later epochs) skip the
         wait, so a node that never came up costs one wait per job, not one per epoch.
         """
-        keys = [self._key(n) for n in self.nodes]
-        done = f"{self._prefix}waited/{self.node}"
+        keys = [self._key(n) for n in self.nodes if n != self.node]
+        done = f"{self._prefix}waited/{self._share}/{self.node}"
         # Polled with check(), which never blocks, rather than TCPStore.wait(timeout):
         # this client is used by every later lookup, and what a wait that timed out
         # leaves behind on it is not documented.
         deadline = time.monotonic() + timeout_s
+        if not keys:  # a job of one node
+            return True
         try:
             with self._lock:
                 if self._store.check([done]):
@@ -151,9 +182,9 @@ def _local_address(host: str, port: int) -> str:
         return str(probe.getsockname()[0])
 
 
-def cluster_directory(cluster: ClusterConfig) -> PeerDirectory:
+def cluster_directory(cluster: ClusterConfig, share: str = "") -> PeerDirectory:
     """The directory of this job: the explicit list when ``cluster.peers`` is set, else
-    torchrun's rendezvous store.
+    torchrun's rendezvous store, for the cache named ``share`` (:func:`cache_share`).
 
     Raises:
         ConfigError: Neither is available, or the explicit list is incomplete.
@@ -172,7 +203,7 @@ def cluster_directory(cluster: ClusterConfig) -> PeerDirectory:
             "environment) or an explicit list: FASTDATA_CLUSTER_PEERS=host:port,... with "
             "FASTDATA_CLUSTER_NODE and FASTDATA_CLUSTER_TOKEN"
         )
-    return RendezvousDirectory(rendezvous, cluster)
+    return RendezvousDirectory(rendezvous, cluster, share)
 
 
 def open_cluster_tiers(config: FastdataConfig) -> list[Tier]:
@@ -183,7 +214,7 @@ def open_cluster_tiers(config: FastdataConfig) -> list[Tier]:
         ConfigError: The cluster cannot be found (no torchrun, an incomplete peer list).
         CacheError: This process won its node's election but cannot listen.
     """
-    directory = cluster_directory(config.cluster)
+    directory = cluster_directory(config.cluster, cache_share(config.cache, config.cluster))
     tiers = cluster_tiers(config.cache, config.cluster, directory)
     try:
         next(t for t in tiers if isinstance(t, PeerTier)).start()

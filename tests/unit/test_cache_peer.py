@@ -3,6 +3,8 @@ directory and peer server on 127.0.0.1 (docs/cluster.md)."""
 
 from __future__ import annotations
 
+import errno
+import os
 import socket
 import urllib.error
 import urllib.request
@@ -22,7 +24,15 @@ from fastdata.cache import (
     StaticDirectory,
     cluster_tiers,
 )
-from fastdata.cache.peer import TOKEN_HEADER, WireError, elect, encode_get, encode_put
+from fastdata.cache.peer import (
+    TOKEN_HEADER,
+    PeerUnavailable,
+    WireError,
+    elect,
+    encode_answer,
+    encode_get,
+    encode_put,
+)
 from fastdata.cache.peer._wire import decode_answer, decode_get, decode_put
 from fastdata.config import CacheConfig, ClusterConfig
 from fastdata.errors import ConfigError
@@ -209,16 +219,33 @@ def test_bodies_that_break_the_wire_format_are_refused() -> None:
 
 
 def test_one_process_per_node_wins_the_server_election(tmp_path: Path) -> None:
-    first = elect(tmp_path)
+    first = elect(tmp_path, "job")
     assert first is not None
     try:
-        assert elect(tmp_path) is None
+        assert elect(tmp_path, "job") is None
+        other_job = elect(tmp_path, "job2")  # another job on the node elects its own
+        assert other_job is not None
+        os.close(other_job)
     finally:
-        import os
-
         os.close(first)
-    again = elect(tmp_path)
+    again = elect(tmp_path, "job")
     assert again is not None
+    os.close(again)
+
+
+def test_two_jobs_sharing_a_cache_dir_each_serve_their_node(tmp_path: Path) -> None:
+    config = CacheConfig(dir=str(tmp_path / "shared"), ram_bytes=0, min_free_bytes=0)
+    tiers = []
+    try:
+        for token in ("job-a", "job-b"):
+            peers = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+            directory = StaticDirectory(peers, 0, token)
+            tiers.append(PeerTier(config, ClusterConfig(enabled=True), directory))
+        # Before, the second job never served: the first held the node's one lock.
+        assert [t.start() for t in tiers] == [t.directory.address(0) for t in tiers]
+    finally:
+        for tier in tiers:
+            tier.close()
 
 
 def test_an_explicit_peer_list_is_checked() -> None:
@@ -335,3 +362,167 @@ def test_a_server_that_cannot_listen_fails_start_but_never_a_batch(tmp_path: Pat
         tier.close()
     finally:
         taken.close()
+
+
+def _delivered_from_the_store(config: CacheConfig, directory: Any) -> tuple[PeerTier, Any]:
+    """A node whose chain is over ``config``: every batch delivered, byte-identical."""
+    tiers = cluster_tiers(config, ClusterConfig(enabled=True, timeout_s=1.0), directory)
+    peer = tiers[-1]
+    assert isinstance(peer, PeerTier)
+    assert peer.start() is None  # no server, no crash: a client
+    source = FakeSource(N)
+    ids = list(range(20))
+    with ReadThroughCache(tiers, source, config=config) as cache:
+        for _ in range(2):
+            with cache.get_many(ids) as lease:
+                assert [bytes(b) for b in lease.buffers] == [source.expected(i) for i in ids]
+        stats = cache.stats()
+    return peer, stats
+
+
+def test_a_cache_dir_under_a_regular_file_slows_nothing_and_stops_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "file").write_bytes(b"not a directory")
+    config = CacheConfig(dir=str(tmp_path / "file" / "c"), ram_bytes=0, min_free_bytes=0)
+    peers = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    with caplog.at_level("WARNING", logger="fastdata.cache.peer"):
+        peer, _ = _delivered_from_the_store(config, StaticDirectory(peers, 0, TOKEN))
+    assert peer.serving is None
+    warned = [r for r in caplog.records if "cannot serve" in r.getMessage()]
+    assert len(warned) == 1  # one warning, not one per batch
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory")
+def test_a_read_only_cache_dir_slows_nothing_and_stops_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "ro"
+    root.mkdir()
+    root.chmod(0o500)
+    try:
+        config = CacheConfig(dir=str(root), ram_bytes=0, min_free_bytes=0)
+        peers = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+        peer, _ = _delivered_from_the_store(config, StaticDirectory(peers, 0, TOKEN))
+        assert peer.serving is None
+    finally:
+        root.chmod(0o700)
+
+
+@pytest.mark.parametrize("code", [errno.ENOLCK, errno.EROFS, errno.EACCES, errno.ENOSPC])
+def test_an_election_that_raises_an_os_error_acts_as_a_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    from fastdata.cache.peer import _tier
+
+    def no_locks(root: Path, job: str) -> int | None:  # NFS without locks, a read-only mount
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(_tier, "elect", no_locks)
+    config = CacheConfig(dir=str(tmp_path / "c"), ram_bytes=0, min_free_bytes=0)
+    peers = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    peer, _ = _delivered_from_the_store(config, StaticDirectory(peers, 0, TOKEN))
+    assert peer.serving is None
+
+
+class FlakyPublish(StaticDirectory):
+    """A directory whose first ``fails`` publishes raise, as a TCPStore that went away."""
+
+    def __init__(self, peers: list[str], node: int, fails: int) -> None:
+        super().__init__(peers, node, TOKEN)
+        self.fails = fails
+        self.published: list[str] = []
+
+    def publish(self, address: str) -> None:
+        if self.fails:
+            self.fails -= 1
+            raise RuntimeError("store went away")
+        self.published.append(address)
+
+
+def test_a_publish_that_raises_is_retried_and_never_stops_a_batch(tmp_path: Path) -> None:
+    config = CacheConfig(dir=str(tmp_path / "c"), ram_bytes=0, min_free_bytes=0)
+    peers = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    directory = FlakyPublish(peers, 0, fails=2)
+    tier = PeerTier(config, ClusterConfig(enabled=True, timeout_s=1.0), directory)
+    try:
+        assert tier.start() is None  # the publish failed: not serving, no crash
+        assert tier.serving is None  # never serving an address nobody was told
+        keys = FakeSource(N).keys(owned_by(1, 2)[:2])
+        tier._next_elect = 0.0  # the next election tick
+        with tier.get_many(keys, keys) as lease:  # fails again: still no crash
+            assert lease.buffers == [None, None]
+        assert tier.serving is None
+        tier._next_elect = 0.0
+        with tier.get_many(keys, keys):
+            pass
+        assert tier.serving is not None
+        assert directory.published == [tier.serving]  # published once it serves
+    finally:
+        tier.close()
+
+
+class Scripted:
+    """A transport whose answers the test picks; it records each request's timeout."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[float] = []
+        self.answer: Callable[[bytes], bytes | PeerUnavailable] = lambda body: body
+
+    def request_many(self, requests: Any, *, timeout_s: float) -> list[bytes | PeerUnavailable]:
+        self.timeouts.append(timeout_s)
+        return [self.answer(body) for _, _, body in requests]
+
+    def close(self) -> None:
+        pass
+
+
+def scripted_tier(tmp_path: Path, transport: Scripted) -> PeerTier:
+    config = CacheConfig(dir=str(tmp_path / "c"), ram_bytes=0, min_free_bytes=0)
+    peers = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    cluster = ClusterConfig(enabled=True, timeout_s=5.0)
+    return PeerTier(config, cluster, StaticDirectory(peers, 0, TOKEN), transport=transport)
+
+
+def misses(body: bytes) -> bytes:
+    keys, fps = decode_get(body)
+    return encode_answer(keys, fps, [None] * len(keys))
+
+
+def test_timeouts_raise_the_timeout_up_to_the_ceiling(tmp_path: Path) -> None:
+    transport = Scripted()
+    tier = scripted_tier(tmp_path, transport)
+    keys = FakeSource(N).keys(owned_by(1, 2)[:2])
+    try:
+        transport.answer = misses  # a fast peer: the timeout falls to the floor
+        for _ in range(3):
+            tier.get_many(keys, keys).close()
+        assert transport.timeouts[0] == 5.0
+        assert transport.timeouts[-1] == 1.0
+        transport.answer = lambda body: PeerUnavailable("slow", timed_out=True)
+        for _ in range(30):  # then the peer got slower than the timeout: it times out
+            tier._peers[1].down_until = 0.0  # past its backoff
+            tier.get_many(keys, keys).close()
+        slow = transport.timeouts[3:]
+        assert slow == sorted(slow)  # each timeout is fed back into the estimate
+        assert slow[-1] == 5.0  # up to the ceiling, never beyond
+    finally:
+        tier.close()
+
+
+def test_a_corrupt_answer_does_not_clear_the_peers_failures(tmp_path: Path) -> None:
+    transport = Scripted()
+    tier = scripted_tier(tmp_path, transport)
+    keys = FakeSource(N).keys(owned_by(1, 2)[:2])
+    try:
+        transport.answer = lambda body: PeerUnavailable("refused")
+        tier.get_many(keys, keys).close()
+        assert tier._peers[1].failures == 1
+        transport.answer = lambda body: b"FDPA" + misses(body)[8:]  # not the wire format
+        tier._peers[1].down_until = 0.0
+        tier.get_many(keys, keys).close()
+        assert tier._peers[1].failures == 1  # a bad answer is no sign of health
+        transport.answer = misses
+        tier._peers[1].down_until = 0.0
+        tier.get_many(keys, keys).close()
+        assert tier._peers[1].failures == 0
+    finally:
+        tier.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -149,14 +150,97 @@ def test_only_a_nodes_first_process_waits_for_the_others(monkeypatch: pytest.Mon
         cluster = ClusterConfig(enabled=True)
         first = RendezvousDirectory(Rendezvous("127.0.0.1", port, 0, 2, "j"), cluster)
         assert first.wait_all(0.1) is False  # node 1 never comes
-        marker = "fastdata/cluster/j/waited/0"
+        marker = "fastdata/cluster/j/waited/default/0"
         assert eventually(lambda: first._store.check([marker]))
 
-        def no_sleep(seconds: float) -> None:
-            raise AssertionError("a later process of the node waited again")
-
-        monkeypatch.setattr(_cluster.time, "sleep", no_sleep)
+        # A later process that polled even once would sleep for an hour: it must not.
+        monkeypatch.setattr(_cluster, "_POLL_S", 3600.0)
         later = RendezvousDirectory(Rendezvous("127.0.0.1", port, 0, 2, "j"), cluster)
-        assert later.wait_all(60) is False
+        result: list[bool] = []
+        waiter = threading.Thread(target=lambda: result.append(later.wait_all(60)), daemon=True)
+        waiter.start()
+        waiter.join(timeout=60)  # a hang guard only: a poll would take 3600 s
+        assert result == [False], "a later process of the node waited again"
     finally:
         del master  # the store stops with its master
+
+
+def test_each_cache_dir_of_a_job_has_its_own_published_address() -> None:
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from fastdata.dataset import RendezvousDirectory, cache_share
+
+    a = cache_share(CacheConfig(dir="/data/a"), ClusterConfig())
+    b = cache_share(CacheConfig(dir="/data/b"), ClusterConfig())
+    assert a != b
+    assert a == cache_share(CacheConfig(dir="/data/a/"), ClusterConfig())
+    named = ClusterConfig(cache_name="train")  # cache dirs that differ by path per node
+    assert cache_share(CacheConfig(dir="/n0"), named) == cache_share(CacheConfig(dir="/n1"), named)
+    port = free_port()
+    master = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30))
+    try:
+        cluster = ClusterConfig(enabled=True, wait_s=0.2)
+
+        def directory(node: int, share: str) -> RendezvousDirectory:
+            return RendezvousDirectory(
+                Rendezvous("127.0.0.1", port, node, 2, "job"), cluster, share
+            )
+
+        directory(0, a).publish("127.0.0.1:4001")
+        directory(0, b).publish("127.0.0.1:4002")  # a second dataset, another cache dir
+        assert eventually(lambda: directory(1, a).address(0)) == "127.0.0.1:4001"
+        assert eventually(lambda: directory(1, b).address(0)) == "127.0.0.1:4002"
+    finally:
+        del master  # the store stops with its master
+
+
+def test_the_token_is_never_printed() -> None:
+    cluster = ClusterConfig(peers="a:1", node=0, token="s3cret-token")
+    assert "s3cret-token" not in repr(cluster)
+    assert "s3cret-token" not in repr(FastdataConfig(cluster=cluster))
+    assert cluster.token == "s3cret-token"
+
+
+def test_a_node_waits_only_for_the_other_nodes() -> None:
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from fastdata.dataset import RendezvousDirectory
+
+    port = free_port()
+    master = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30))
+    try:
+        cluster = ClusterConfig(enabled=True)
+        node0 = RendezvousDirectory(Rendezvous("127.0.0.1", port, 0, 2, "j"), cluster, "s")
+        node1 = RendezvousDirectory(Rendezvous("127.0.0.1", port, 1, 2, "j"), cluster, "s")
+        node1.publish("127.0.0.1:4001")
+        assert eventually(lambda: node0.address(1))
+        # Node 0 could not serve (its cache directory is broken): it never asks itself,
+        # so it does not wait for its own address.
+        assert node0.wait_all(60) is True
+    finally:
+        del master  # the store stops with its master
+
+
+def test_a_dataset_whose_cache_dir_is_under_a_file_still_delivers(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    for i in range(4):
+        (tmp_path / "d" / f"{i}.bin").write_bytes(bytes([i]) * 10)
+    (tmp_path / "file").write_bytes(b"not a directory")
+    config = FastdataConfig(
+        cache=CacheConfig(dir=str(tmp_path / "file" / "c"), min_free_bytes=0),
+        cluster=ClusterConfig(
+            peers=f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}", node=0, token="t"
+        ),
+    )
+    with fastdata.Dataset(tmp_path / "d", config=config, cluster_cache=True) as dataset:
+        loader = fastdata.DataLoader(dataset, batch_size=2)
+        got = sorted(bytes(b["data"].item(i).numpy()) for b in loader for i in range(2))
+        assert got == [bytes([i]) * 10 for i in range(4)]  # from the store, byte-identical
+        stats = loader.stats().cache
+        assert stats is not None
+        peer = next(t for t in stats["tiers"] if t["name"] == "peer")
+        assert peer["state"] == "ok: node 0 (client)"

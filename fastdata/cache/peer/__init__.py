@@ -21,7 +21,7 @@ from __future__ import annotations
 from fastdata.cache.peer._directory import PeerDirectory, StaticDirectory, split_address
 from fastdata.cache.peer._owned import OwnedTier
 from fastdata.cache.peer._owner import Ownership, owners
-from fastdata.cache.peer._server import PeerServer, elect, server_role
+from fastdata.cache.peer._server import PeerServer, elect, job_id, server_role
 from fastdata.cache.peer._tier import PeerTier
 from fastdata.cache.peer._transport import (
     TOKEN_HEADER,
@@ -47,6 +47,7 @@ __all__ = [
     "encode_answer",
     "encode_get",
     "encode_put",
+    "job_id",
     "owners",
     "server_role",
     "split_address",

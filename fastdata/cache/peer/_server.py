@@ -2,8 +2,10 @@
 serving batched reads straight from the node's LMDB tier (NOTE[peer-wire]).
 
 NOTE[peer-election]: every process of a node that uses the cluster cache tries
-``flock(LOCK_EX | LOCK_NB)`` on ``<cache dir>/peer.lock``; the one that gets it runs the
-node's server and publishes its address, the others do not serve. The kernel drops the
+``flock(LOCK_EX | LOCK_NB)`` on ``<cache dir>/peer-<job>.lock`` (``<job>``: a digest of
+the job token, :func:`job_id`, so two jobs sharing a cache directory each elect their
+own server); the one that gets it runs the node's server for that job and publishes its
+address, the others do not serve. The kernel drops the
 lock when its holder dies, so the next process that tries (each peer tier tries again
 every ``_ELECT_EVERY_S``) takes over and publishes its own address. A forked child
 closes its copy of the parent's lock descriptor (the parent keeps the lock).
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
+import hashlib
 import hmac
 import logging
 import os
@@ -36,7 +39,7 @@ from fastdata.cache.tier import CacheItem
 from fastdata.config import CacheConfig
 from fastdata.errors import CacheError
 
-__all__ = ["PeerServer", "announce", "elect", "server_role"]
+__all__ = ["PeerServer", "announce", "elect", "job_id", "server_role"]
 
 _log = logging.getLogger("fastdata.cache.peer")
 
@@ -44,11 +47,21 @@ _MAX_BODY_BYTES = 1 << 30
 """Largest request body the server reads (a put of one write-behind batch fits)."""
 
 
-def elect(root: Path) -> int | None:
-    """Try to become the node's server (NOTE[peer-election]): the lock's descriptor, or
-    ``None`` when another process of the node holds it."""
+def job_id(token: str) -> str:
+    """A short digest of the job token: names the job's lock file, never the token."""
+    return hashlib.sha256(b"fastdata-peer-job\0" + token.encode()).hexdigest()[:16]
+
+
+def elect(root: Path, job: str) -> int | None:
+    """Try to become the node's server for job ``job`` (NOTE[peer-election]): the lock's
+    descriptor, or ``None`` when another process of the node holds it.
+
+    Raises:
+        OSError: The lock cannot be taken at all (the directory cannot be made or is
+            read-only, the file system has no locks); the caller reads as a client.
+    """
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(root / "peer.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = os.open(root / f"peer-{job}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -67,23 +80,34 @@ def announce(fd: int, node: int, address: str) -> None:
 
 
 def server_role(root: Path) -> str:
-    """This node's role in a cluster cache, from ``<root>/peer.lock``: ``""`` when no
-    process of the node ever served, else who serves now or that nobody does."""
-    path = root / "peer.lock"
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return ""
-    try:
-        text = os.pread(fd, 512, 0).decode(errors="replace").strip()
+    """This node's role in a cluster cache, from ``<root>/peer-*.lock``: ``""`` when no
+    process of the node ever served, else who serves now (one line per job) or that
+    nobody does (and who served last)."""
+    serving: list[str] = []
+    last: tuple[float, str] | None = None
+    for path in sorted(root.glob("peer-*.lock")):
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
-            return text or "a peer server runs"
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return f"no peer server runs now (last: {text})" if text else "no peer server runs now"
-    finally:
-        os.close(fd)
+            continue
+        try:
+            text = os.pread(fd, 512, 0).decode(errors="replace").strip()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                serving.append(text or "a peer server runs")
+                continue
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            mtime = os.fstat(fd).st_mtime
+            if text and (last is None or mtime >= last[0]):
+                last = (mtime, text)
+        finally:
+            os.close(fd)
+    if serving:
+        return "; ".join(serving)
+    if last is not None:
+        return f"no peer server runs now (last: {last[1]})"
+    return ""
 
 
 class PeerServer:

@@ -6,10 +6,13 @@ checked like an LMDB read (NOTE[peer-wire]). A peer that refuses, resets, times 
 answers a non-200 status makes its keys fall through to the store (``fall_throughs``),
 and is left alone for a backoff (1 s doubling to 60 s) so later batches do not wait for
 it again; an answer that fails a check makes the bad keys fall through and counts them
-(``corruptions``). The timeout of a request is 4x the observed mean latency plus 0.1 s,
-at least 1 s (a busy host must not look dead) and at most ``ClusterConfig.timeout_s``
-(the ceiling, also the first request's). So a peer can slow a batch by at most one
-timeout, never corrupt or stop it.
+(``corruptions``) and leaves the peer's failure count (its next backoff) as it was.
+The timeout of a request is 4x the observed mean latency plus 0.1 s, at least 1 s (a
+busy host must not look dead) and at most ``ClusterConfig.timeout_s`` (the ceiling, also
+the first request's); a request that times out counts as that timeout in the mean, so
+the timeout follows a peer that got slower (up to the ceiling) instead of timing out
+every request for good. So a peer can slow a batch by at most one timeout, never
+corrupt or stop it.
 
 Records the chain read from the store are offered here too (the write-behind thread,
 NOTE[write-behind]): those owned by another node are sent to it (a put), so the owner's
@@ -29,7 +32,7 @@ from typing import Any
 from fastdata._fork import reset_in_forked_child
 from fastdata.cache.peer._directory import PeerDirectory
 from fastdata.cache.peer._owner import Ownership
-from fastdata.cache.peer._server import PeerServer, announce, elect
+from fastdata.cache.peer._server import PeerServer, announce, elect, job_id
 from fastdata.cache.peer._transport import HttpTransport, PeerTransport, PeerUnavailable
 from fastdata.cache.peer._wire import (
     WireError,
@@ -113,6 +116,7 @@ class PeerTier:
         self._server: PeerServer | None = None
         self._lock_fd: int | None = None
         self._next_elect = 0.0
+        self._warned = False
         self._transport = self._given_transport or HttpTransport(self.directory.token)
 
     @property
@@ -122,26 +126,46 @@ class PeerTier:
 
     def start(self) -> str | None:
         """Try now to become the node's server (NOTE[peer-election]); the address it
-        serves at, or ``None`` when another process of the node serves.
+        serves at, or ``None`` when another process of the node serves or this one
+        cannot (the cache directory cannot hold the lock, the address could not be
+        published: one warning, then this process is a client and tries again later).
 
         Raises:
             CacheError: This process won the election but its server cannot listen
-                (the address is taken or not this host's).
+                (the address is taken or not this host's: a setting to fix).
         """
         self._next_elect = 0.0
-        self._ensure_server()
+        try:
+            self._ensure_server()
+        except CacheError:
+            raise
+        except Exception as exc:  # NOTE[peer-tier]: the peer level never stops a job
+            self._cannot_serve(exc)
         return self.serving
 
     def _try_server(self) -> None:
-        """:meth:`_ensure_server` from a read or a write: a server that cannot start
-        then is logged and retried later; the batch goes on as a client's."""
+        """:meth:`_ensure_server` from a read or a write: whatever fails is logged and
+        retried later; the batch goes on as a client's (NOTE[peer-tier])."""
         try:
             self._ensure_server()
-        except CacheError as exc:
-            _log.warning("node %d cannot serve its peers now: %s", self.ownership.node, exc)
+        except Exception as exc:  # a full disk, NFS without locks, a store that went away
+            self._cannot_serve(exc)
+
+    def _cannot_serve(self, exc: BaseException) -> None:
+        log = _log.debug if self._warned else _log.warning
+        self._warned = True
+        log(
+            "node %d cannot serve its peers now (%r); this process reads as a client and "
+            "tries again in %.0f s",
+            self.ownership.node,
+            exc,
+            _ELECT_EVERY_S,
+        )
 
     def _ensure_server(self) -> None:
-        """NOTE[peer-election]: try to become the node's server, now and then."""
+        """NOTE[peer-election]: try to become the node's server, now and then. The server
+        is this process's only once its address is published: a publish that fails
+        closes it and gives the lock back, and the next tick tries again."""
         now = time.monotonic()
         if self._server is not None or now < self._next_elect:
             return
@@ -149,11 +173,12 @@ class PeerTier:
             if self._closed or self._server is not None or now < self._next_elect:
                 return
             self._next_elect = now + _ELECT_EVERY_S
-            fd = elect(self.config.resolved_dir())
+            fd = elect(self.config.resolved_dir(), job_id(self.directory.token))
             if fd is None:
                 return
-            host, port = self.directory.listen()
+            server: PeerServer | None = None
             try:
+                host, port = self.directory.listen()
                 server = PeerServer(
                     self.config,
                     host=host,
@@ -162,12 +187,17 @@ class PeerTier:
                     owned=self.ownership.owned,
                     mangle=self._mangle,
                 )
-            except Exception:
+                try:
+                    announce(fd, self.ownership.node, server.address)
+                except OSError as exc:  # only what ``fastdata stats`` shows: serve anyway
+                    _log.debug("cannot write the node's role into its lock file: %r", exc)
+                self.directory.publish(server.address)
+            except BaseException:
+                if server is not None:
+                    server.close()
                 os.close(fd)
                 raise
             self._server, self._lock_fd = server, fd
-            announce(fd, self.ownership.node, server.address)
-        self.directory.publish(server.address)
         _log.info("node %d serves its cache to peers at %s", self.ownership.node, server.address)
 
     def _timeout_s(self) -> float:
@@ -199,8 +229,9 @@ class PeerTier:
                 backoff,
             )
 
-    def _answered(self, node: int, elapsed_s: float) -> None:
-        self._peers[node].failures = 0
+    def _observed(self, elapsed_s: float) -> None:
+        """One request's latency into the estimate (a timed-out one: its timeout, so
+        the timeout follows a peer that got slower, up to the ceiling)."""
         mean = self._mean_s
         self._mean_s = elapsed_s if mean is None else 0.8 * mean + 0.2 * elapsed_s
 
@@ -241,13 +272,18 @@ class PeerTier:
         hits, bad, fallen = 0, 0, skipped
         if requests:
             sent = time.perf_counter()
-            answers = self._transport.request_many(requests, timeout_s=self._timeout_s())
+            timeout_s = self._timeout_s()
+            answers = self._transport.request_many(requests, timeout_s=timeout_s)
             elapsed = time.perf_counter() - sent
             for (node, idx), answer in zip(asked, answers, strict=True):
                 got, wrong, lost = self._take(node, idx, answer, keys, fingerprints, buffers)
                 hits, bad, fallen = hits + got, bad + wrong, fallen + lost
                 if not isinstance(answer, PeerUnavailable):
-                    self._answered(node, elapsed)
+                    self._observed(elapsed)
+                    if not wrong:  # a bad answer is no sign of health: keep the backoff
+                        self._peers[node].failures = 0
+                elif answer.timed_out:
+                    self._observed(max(elapsed, timeout_s))
         found = [b for b in buffers if b is not None]
         self._stats.record_call(
             "get",

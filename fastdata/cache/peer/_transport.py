@@ -36,7 +36,16 @@ class PeerUnavailable(Exception):
     """A peer did not answer usefully (refused, timed out, reset, non-200 status).
 
     Never leaves the peer tier: it becomes a fall-through to the store (counted).
+
+    Args:
+        why: What happened.
+        timed_out: The request ran out of its timeout (the peer tier feeds that timeout
+            into its latency estimate, NOTE[peer-tier]); ``False`` for a refusal.
     """
+
+    def __init__(self, why: str, *, timed_out: bool = False) -> None:
+        super().__init__(why)
+        self.timed_out = timed_out
 
 
 @runtime_checkable
@@ -107,7 +116,8 @@ class HttpTransport:
             result: list[bytes | PeerUnavailable] = future.result(timeout=timeout_s + 1.0)
         except FutureTimeout:
             future.cancel()
-            return [PeerUnavailable(f"no answer within {timeout_s:.2f} s")] * len(requests)
+            why = f"no answer within {timeout_s:.2f} s"
+            return [PeerUnavailable(why, timed_out=True)] * len(requests)
         return result
 
     async def _all(
@@ -130,7 +140,8 @@ class HttpTransport:
                         return PeerUnavailable(f"{url} answered HTTP {response.status}")
                     return bytes(await response.read())
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                return PeerUnavailable(f"{url}: {type(exc).__name__}: {exc}")
+                why = f"{url}: {type(exc).__name__}: {exc}"
+                return PeerUnavailable(why, timed_out=isinstance(exc, TimeoutError))
 
         return list(await asyncio.gather(*(one(*r) for r in requests)))
 
