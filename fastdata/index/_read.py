@@ -290,7 +290,7 @@ class UnitReader:
             self._request(int(o), int(s), int(e))
             for o, s, e in zip(unit_obj, unit_start, unit_end, strict=True)
         ]
-        buffers = self._get(store, requests)
+        buffers = self._get(store, requests, unit_obj.tolist())
         if self.shared is not None:  # the store is free for the next range (NOTE[range-readahead])
             self.shared.arrived()
         order = np.argsort(unit_of, kind="stable")
@@ -315,8 +315,20 @@ class UnitReader:
         # ``None`` is one of a chunk's that nobody asked for and that does not decode).
         return out  # type: ignore[return-value]
 
-    def _get(self, store: Store, requests: list[ByteRange]) -> list[Any]:
+    def _get(self, store: Store, requests: list[ByteRange], objs: Sequence[int]) -> list[Any]:
+        """Read ``requests`` (of objects ``objs``); a layout with ``span_buffer`` (Parquet)
+        says where each ranged read's bytes go (NOTE[parquet-span])."""
+        place = getattr(self.layout, "span_buffer", None)
+        into: list[memoryview | None] | None = None
+        if callable(place):
+            sizes = self.table.objects["size"]
+            into = [
+                None if r.end is None else place(int(sizes[o]), r.start, r.end)
+                for o, r in zip(objs, requests, strict=True)
+            ]
         try:
+            if into is not None and any(d is not None for d in into):
+                return store.get_many(requests, into=into)
             return store.get_many(requests)
         except ObjectChangedError as exc:
             manifest = self.table.meta.get("manifest")
@@ -354,7 +366,7 @@ class UnitReader:
             store.count_corrupt_transfer(req.path, req.start, req.end)
             if fetches >= VERIFY_ATTEMPTS or time.monotonic() >= deadline:
                 break
-            (raw,) = self._get(store, [req])
+            (raw,) = self._get(store, [req], [int(rows["obj"][0])])
             fetches += 1
         end = "the end" if req.end is None else req.end
         raise CorruptRecordError(

@@ -105,6 +105,36 @@ _SPARSE_MAX_BYTES = 64 * 1024**3
 where the mapping fails, row groups are read through :class:`_RangeFile`)."""
 
 
+def span_buffer(size: int, start: int, end: int) -> memoryview | None:
+    """Where the store should write bytes ``[start, end)`` of a ``size``-byte object:
+    ``[start, end)`` of a fresh sparse mapping of ``end`` bytes (NOTE[parquet-span]), so
+    :func:`open_span` hands it to pyarrow without copying it (a 100 MB row group's copy
+    and the page faults of a second buffer, every row group); None where no such mapping
+    can be made (the span is then copied as before)."""
+    if size > _SPARSE_MAX_BYTES or end > size or end <= start:
+        return None
+    try:
+        sparse = mmap.mmap(
+            -1,
+            end,
+            flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,  # type: ignore[attr-defined,unused-ignore]
+        )
+    except (OSError, ValueError, AttributeError):
+        return None
+    return memoryview(sparse)[start:end]
+
+
+def _in_place(start: int, view: memoryview) -> mmap.mmap | None:
+    """The sparse mapping ``view`` is ``[start, start + len(view))`` of, the whole mapping
+    ending with it (what :func:`span_buffer` made), or None."""
+    base = view.obj
+    if not isinstance(base, mmap.mmap) or len(base) != start + len(view) or not len(view):
+        return None
+    address = np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0]
+    origin = np.frombuffer(base, dtype=np.uint8, count=1).__array_interface__["data"][0]
+    return base if address - origin == start else None
+
+
 def open_span(size: int, start: int, view: memoryview, path: str) -> pa.NativeFile:
     """A file of ``size`` bytes for pyarrow of which ``[start, start + len(view))`` holds
     ``view``: the fetched span of a row group, at its offsets in the object.
@@ -120,6 +150,9 @@ def open_span(size: int, start: int, view: memoryview, path: str) -> pa.NativeFi
     mapping cannot be made (a strict overcommit policy charges its whole size), the
     Python file object is used.
     """
+    placed = _in_place(start, view)
+    if placed is not None:  # the store wrote the span where pyarrow reads it
+        return pa.BufferReader(pa.py_buffer(placed))
     if size <= _SPARSE_MAX_BYTES and start + len(view) <= size:
         try:
             sparse = mmap.mmap(
@@ -334,6 +367,10 @@ class ParquetLayout:
             found = self._parse(unit.path, unit.size, unit.extra)
             self._parsed.put(unit.object_key, found)
         return found
+
+    def span_buffer(self, size: int, start: int, end: int) -> memoryview | None:
+        """Where the store writes a fetched span: see :func:`span_buffer`."""
+        return span_buffer(size, start, end)
 
     def fetch_spans(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The chosen columns of the row group."""

@@ -24,13 +24,46 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from fastdata.errors import StoreError
+from fastdata.errors import ConfigError, StoreError
 from fastdata.store._types import ByteRange
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-__all__ = ["PartedReads"]
+__all__ = ["PartedReads", "check_destinations"]
+
+
+def check_destinations(
+    reqs: Sequence[ByteRange], into: Sequence[memoryview | None]
+) -> list[memoryview | None]:
+    """``Store.get_many``'s ``into``, checked: one entry per request, each ``None`` or a
+    writable contiguous buffer of exactly its ranged request's length.
+
+    Raises:
+        ConfigError: Another count of entries, a destination for a read to the end of an
+            object, or one that is read-only, not contiguous or of another length.
+    """
+    if len(into) != len(reqs):
+        raise ConfigError(f"into has {len(into)} entries for {len(reqs)} requests")
+    out: list[memoryview | None] = []
+    for req, dest in zip(reqs, into, strict=True):
+        if dest is None:
+            out.append(None)
+            continue
+        if req.end is None:
+            raise ConfigError(
+                f"into gives a buffer for the read of {req.path!r} to its end; only ranged "
+                "reads (ByteRange.end set) can be read into a buffer"
+            )
+        view = memoryview(dest).cast("B")
+        if view.readonly or not view.contiguous or len(view) != req.end - req.start:
+            raise ConfigError(
+                f"into's buffer for bytes [{req.start}, {req.end}) of {req.path!r} must be "
+                f"writable, contiguous and {req.end - req.start} bytes long, got "
+                f"{len(view)} bytes{' (read-only)' if view.readonly else ''}"
+            )
+        out.append(view)
+    return out
 
 
 class PartedReads:
@@ -39,34 +72,48 @@ class PartedReads:
     Args:
         reqs: The checked requests, in the caller's order.
         part_bytes: ``StoreConfig.range_part_bytes`` (0: nothing is split).
+        into: Per request, ``None`` or a writable buffer of exactly its length that its
+            bytes are written into (``Store.get_many(into=...)``); its result is then a
+            ``memoryview`` of that buffer, cut where the object ended.
     """
 
-    def __init__(self, reqs: Sequence[ByteRange], part_bytes: int) -> None:
+    def __init__(
+        self,
+        reqs: Sequence[ByteRange],
+        part_bytes: int,
+        into: Sequence[memoryview | None] | None = None,
+    ) -> None:
         self.parts: list[ByteRange] = []
         """Every request to send: whole requests and the parts of split ones."""
         self._where: list[tuple[int, int]] = []
         """Per part: its caller's request, and its number in that request (-1: whole)."""
-        self._buffers: dict[int, bytearray] = {}
+        self._buffers: dict[int, Any] = {}
+        """Destination of each split request, and of each request given one (``into``)."""
         self._got: dict[int, list[int]] = {}
-        """Bytes received by each part of a split request (-1: not yet)."""
-        self._step = part_bytes
+        """Bytes received by each part of a destination's request (-1: not yet)."""
+        self._step: dict[int, int] = {}
         self._results: list[Any] = [None] * len(reqs)
         for i, req in enumerate(reqs):
             end = req.end
-            if (
+            dest = None if into is None else into[i]
+            whole = (
                 part_bytes <= 0
                 or end is None
                 or req.etag is None
                 or end - req.start <= 2 * part_bytes
-            ):
+            )
+            if whole and dest is None:
                 self.parts.append(req)
                 self._where.append((i, -1))
                 continue
-            starts = range(req.start, end, part_bytes)
-            self._buffers[i] = bytearray(end - req.start)
+            assert end is not None  # a destination is only given to a ranged read
+            step = end - req.start if whole else part_bytes
+            starts = range(req.start, end, max(1, step))
+            self._buffers[i] = bytearray(end - req.start) if dest is None else dest
             self._got[i] = [-1] * len(starts)
-            for n, start in enumerate(starts):
-                self.parts.append(replace(req, start=start, end=min(start + part_bytes, end)))
+            self._step[i] = step
+            for n, first in enumerate(starts):
+                self.parts.append(replace(req, start=first, end=min(first + step, end)))
                 self._where.append((i, n))
 
     def deliver(self, k: int, data: Buffer) -> None:
@@ -84,20 +131,23 @@ class PartedReads:
                 f"of {part.path!r} ({asked} asked): it ignored the range. Set "
                 "StoreConfig.range_part_bytes=0 for this endpoint"
             )
-        at = n * self._step
-        self._buffers[owner][at : at + len(view)] = view
+        at = n * self._step[owner]
+        memoryview(self._buffers[owner])[at : at + len(view)] = view
         self._got[owner][n] = len(view)
 
     def results(self) -> list[Any]:
         """One buffer per request, in the caller's order (every part delivered)."""
         for owner, buf in self._buffers.items():
-            filled = 0
+            filled, step = 0, self._step[owner]
             for got in self._got[owner]:
                 filled += max(got, 0)
-                if got < self._step:  # the object ends in this part: the rest is past it
+                if got < step:  # the object ends in this part: the rest is past it
                     break
-            if filled < len(buf):
-                del buf[filled:]
-            self._results[owner] = buf
+            if isinstance(buf, bytearray):
+                if filled < len(buf):
+                    del buf[filled:]
+                self._results[owner] = buf
+            else:
+                self._results[owner] = memoryview(buf)[:filled]
         self._buffers.clear()
         return self._results

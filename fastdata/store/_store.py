@@ -39,7 +39,7 @@ from fastdata.store._faults import OpContext
 from fastdata.store._fsspec import FsspecBackend
 from fastdata.store._job import ReadJob
 from fastdata.store._loop import LoopThread, process_loop
-from fastdata.store._parts import PartedReads
+from fastdata.store._parts import PartedReads, check_destinations
 from fastdata.store._retry import Counters, RetryEnv, RetryPolicy, retrying
 from fastdata.store._s3options import resolve_s3_endpoint
 from fastdata.store._types import ByteRange, ObjectInfo, StoreStats, glob_to_regex
@@ -294,7 +294,11 @@ class Store:
         return result
 
     def get_many(
-        self, requests: Sequence[ByteRange], *, max_attempts: int | None = None
+        self,
+        requests: Sequence[ByteRange],
+        *,
+        max_attempts: int | None = None,
+        into: Sequence[memoryview | None] | None = None,
     ) -> builtins.list[Buffer]:
         """Read many byte ranges concurrently; the results come back in request order.
 
@@ -302,7 +306,10 @@ class Store:
         buffer protocol (``bytes``, obstore ``Bytes`` or ``bytearray``): wrap it in
         ``memoryview()``, never assume ``bytes``. ``max_attempts`` caps each read's
         attempts within the budget, as for :meth:`list` (an open reading a published
-        manifest while a saved index can stand in for it: NOTE[offline-open]).
+        manifest while a saved index can stand in for it: NOTE[offline-open]). ``into``
+        gives, per request, ``None`` or a writable buffer of exactly its length (ranged
+        requests only) that its bytes land in, parts and all (NOTE[range-parts]): its
+        result is a ``memoryview`` of that buffer, cut where the object ended.
 
         Raises:
             ConfigError: ``requests`` is not a sequence of ``ByteRange`` with object paths.
@@ -316,9 +323,11 @@ class Store:
             return []
         if max_attempts is not None and (type(max_attempts) is not int or max_attempts < 1):
             raise ConfigError(f"max_attempts must be a positive int or None, got {max_attempts!r}")
+        if into is not None:
+            into = check_destinations(reqs, into)
 
         async def run(proc: _Process) -> list[Buffer]:
-            parted = PartedReads(reqs, self.config.range_part_bytes)  # NOTE[range-parts]
+            parted = PartedReads(reqs, self.config.range_part_bytes, into)  # NOTE[range-parts]
             parts = parted.parts
             indices = iter(range(len(parts)))
             backend, env = proc.backend, proc.env

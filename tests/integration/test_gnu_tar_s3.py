@@ -134,11 +134,11 @@ class _CountingStore(Store):
         self.requests: list[ByteRange] = []
         self._lock = threading.Lock()
 
-    def get_many(self, requests: Sequence[ByteRange]) -> list[Any]:
+    def get_many(self, requests: Sequence[ByteRange], **kwargs: Any) -> list[Any]:
         with self._lock:
             # Not the fresh open's look for a published manifest (issue 22): shard reads.
             self.requests.extend(r for r in requests if not r.path.startswith("_fastdata/"))
-        return super().get_many(requests)
+        return super().get_many(requests, **kwargs)
 
 
 def test_readme_pack_index_only_writes_sidecars_the_next_open_reads_alone(

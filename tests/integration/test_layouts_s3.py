@@ -45,10 +45,10 @@ class CountingStore(Store):
         self.lists += 1
         return super().list(prefix, pattern, max_attempts=max_attempts)
 
-    def get_many(self, requests: Sequence[ByteRange]) -> list[Any]:
+    def get_many(self, requests: Sequence[ByteRange], **kwargs: Any) -> list[Any]:
         # Not the fresh open's look for a published manifest (issue 22): data reads.
         self.requests.extend(r for r in requests if not r.path.startswith("_fastdata/"))
-        return super().get_many(requests)
+        return super().get_many(requests, **kwargs)
 
 
 def parquet_bytes(table: pa.Table, row_group_size: int) -> bytes:

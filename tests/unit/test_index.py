@@ -47,10 +47,10 @@ class CountingStore(Store):
         self.lists += 1
         return super().list(prefix, pattern, max_attempts=max_attempts)
 
-    def get_many(self, requests: Sequence[ByteRange]) -> list[Any]:
+    def get_many(self, requests: Sequence[ByteRange], **kwargs: Any) -> list[Any]:
         self.get_calls += 1
         self.requests.extend(requests)
-        return super().get_many(requests)
+        return super().get_many(requests, **kwargs)
 
 
 @pytest.fixture

@@ -42,10 +42,10 @@ class CountingStore(Store):
         return super().list(prefix, pattern, max_attempts=max_attempts)
 
     def get_many(
-        self, requests: Sequence[ByteRange], *, max_attempts: int | None = None
+        self, requests: Sequence[ByteRange], *, max_attempts: int | None = None, **kwargs: Any
     ) -> list[Any]:
         self.reads.extend(requests)
-        got = super().get_many(requests, max_attempts=max_attempts)
+        got = super().get_many(requests, max_attempts=max_attempts, **kwargs)
         out = []
         for req, raw in zip(requests, got, strict=True):
             ours = req.path.startswith("_fastdata/")

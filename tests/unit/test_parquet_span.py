@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fastdata.layouts.parquet import _group_span, open_span
+from fastdata.layouts.parquet import _group_span, _in_place, open_span, span_buffer
 
 
 def _file() -> tuple[bytes, pq.FileMetaData]:
@@ -40,6 +40,24 @@ def test_a_row_group_read_from_its_span_equals_the_file_read(group: int) -> None
     assert isinstance(source, pa.BufferReader)  # native, not a Python file object
     got = pq.ParquetFile(source, metadata=meta).read_row_group(group)
     assert got.equals(pq.ParquetFile(pa.BufferReader(data)).read_row_group(group))
+
+
+@pytest.mark.parametrize("group", [0, 1, 2])
+def test_a_span_the_store_wrote_into_its_span_buffer_is_read_without_a_copy(group: int) -> None:
+    """NOTE[parquet-span]: the store writes a fetched span where pyarrow reads it (the
+    buffer ``span_buffer`` gives), so ``open_span`` copies nothing."""
+    data, meta = _file()
+    start, view = _span(data, meta, group)
+    dest = span_buffer(len(data), start, start + len(view))
+    assert dest is not None
+    dest[:] = view  # what Store.get_many(into=...) does
+    assert _in_place(start, dest) is dest.obj
+    assert _in_place(start, dest[:-1]) is None  # does not end where the mapping does
+    got = pq.ParquetFile(open_span(len(data), start, dest, "f"), metadata=meta)
+    assert got.read_row_group(group).equals(
+        pq.ParquetFile(pa.BufferReader(data)).read_row_group(group)
+    )
+    assert span_buffer(len(data), start, len(data) + 1) is None  # past the object's end
 
 
 def test_a_row_group_outside_the_fetched_span_fails_to_decode_without_reading_memory() -> None:

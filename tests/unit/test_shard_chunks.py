@@ -149,9 +149,9 @@ def test_kept_rows_of_a_chunk_are_served_without_a_request(tmp_path: Path) -> No
     calls: list[int] = []
 
     class Counting(Store):
-        def get_many(self, requests):  # type: ignore[no-untyped-def]
+        def get_many(self, requests, **kwargs):  # type: ignore[no-untyped-def]
             calls.append(len(requests))
-            return super().get_many(requests)
+            return super().get_many(requests, **kwargs)
 
     store = Counting(index.url)
     order = epoch_order(index, PlanConfig(shuffle="global", batch_size=16), epoch=0)

@@ -113,3 +113,43 @@ def test_a_part_longer_than_asked_is_refused() -> None:
     parted = PartedReads([ByteRange("a", 0, 5 * PART, "e1")], PART)
     with pytest.raises(Exception, match="ignored the range"):
         parted.deliver(0, b"x" * (PART + 1))
+
+
+def test_reads_land_in_the_buffers_given_and_come_back_as_views_of_them(
+    blob: tuple[Path, bytes],
+) -> None:
+    root, data = blob
+    s = store(root)
+    etag = s.info("o").etag
+    split, whole = bytearray(9 * PART), bytearray(100)
+    past_end = bytearray(40 * PART)
+    got = s.get_many(
+        [
+            ByteRange("o", 0, 9 * PART, etag),  # split into parts
+            ByteRange("o", 5, 105),  # one request
+            ByteRange("o", 3, 3 + 40 * PART, etag),  # the object ends inside it
+            ByteRange("o", 0, 10),  # no buffer
+        ],
+        into=[memoryview(split), memoryview(whole), memoryview(past_end), None],
+    )
+    assert bytes(split) == data[: 9 * PART]
+    assert bytes(whole) == data[5:105]
+    assert [len(memoryview(g)) for g in got] == [9 * PART, 100, len(data) - 3, 10]
+    assert memoryview(got[0]).obj is split
+    assert bytes(memoryview(got[2])) == data[3:]
+    assert bytes(memoryview(got[3])) == data[:10]
+
+
+def test_a_destination_of_another_length_or_for_a_whole_read_is_refused(
+    blob: tuple[Path, bytes],
+) -> None:
+    root, _ = blob
+    s = store(root)
+    with pytest.raises(ConfigError, match="must be writable, contiguous and 10 bytes long"):
+        s.get_many([ByteRange("o", 0, 10)], into=[memoryview(bytearray(9))])
+    with pytest.raises(ConfigError, match="read-only"):
+        s.get_many([ByteRange("o", 0, 10)], into=[memoryview(bytes(10))])
+    with pytest.raises(ConfigError, match="only ranged reads"):
+        s.get_many([ByteRange("o", 0, None)], into=[memoryview(bytearray(10))])
+    with pytest.raises(ConfigError, match="into has 2 entries for 1 requests"):
+        s.get_many([ByteRange("o", 0, 10)], into=[None, None])

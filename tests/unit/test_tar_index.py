@@ -37,11 +37,11 @@ class CountingStore(Store):
         self.lists += 1
         return super().list(prefix, pattern, max_attempts=max_attempts)
 
-    def get_many(self, requests: Sequence[ByteRange]) -> list[Any]:
+    def get_many(self, requests: Sequence[ByteRange], **kwargs: Any) -> list[Any]:
         with self._lock:
             # Not the fresh open's look for a published manifest (issue 22): shard reads.
             self.requests.extend(r for r in requests if not r.path.startswith("_fastdata/"))
-        return super().get_many(requests)
+        return super().get_many(requests, **kwargs)
 
     def shard_requests(self, path: str) -> list[ByteRange]:
         return [r for r in self.requests if r.path == path]
