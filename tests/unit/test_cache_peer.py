@@ -393,20 +393,8 @@ def test_a_cache_dir_under_a_regular_file_slows_nothing_and_stops_nothing(
     assert len(warned) == 1  # one warning, not one per batch
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory")
-def test_a_read_only_cache_dir_slows_nothing_and_stops_nothing(tmp_path: Path) -> None:
-    root = tmp_path / "ro"
-    root.mkdir()
-    root.chmod(0o500)
-    try:
-        config = CacheConfig(dir=str(root), ram_bytes=0, min_free_bytes=0)
-        peers = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
-        peer, _ = _delivered_from_the_store(config, StaticDirectory(peers, 0, TOKEN))
-        assert peer.serving is None
-    finally:
-        root.chmod(0o700)
-
-
+# A read-only cache directory is the EROFS and EACCES cases below: CI runs as root, which
+# writes into a chmod-ed directory, and a skipped test there is a lost one (.ci/allowed-skips).
 @pytest.mark.parametrize("code", [errno.ENOLCK, errno.EROFS, errno.EACCES, errno.ENOSPC])
 def test_an_election_that_raises_an_os_error_acts_as_a_client(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
