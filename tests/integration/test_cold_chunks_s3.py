@@ -135,19 +135,17 @@ def test_cold_tar_epoch_fetches_shards_in_a_few_large_ranges(
     assert fetched <= 1.05 * total
 
 
-def test_cold_packed_epoch_in_two_worker_processes_fetches_each_chunk_at_most_twice(
-    s3_bucket: Any, tmp_path: Path
-) -> None:
-    """Worker processes keep their own rows: each may fetch a chunk once (docs/plan.md)."""
+def two_worker_epoch(
+    target: Any, prefix: str, cache_dir: Path, **options: Any
+) -> tuple[dict[str, Any], int]:
+    """One cold epoch of the packed payloads through ``DataLoader(num_workers=2)``: each
+    sample exactly once and byte-identical (asserted); the store stats, the shard bytes."""
     import fastdata
 
     blobs = payloads()
     shards = packed_shards(blobs)
-    total = sum(len(b) for b in shards.values())
-    url = upload(s3_bucket, "packed-workers", shards)
-    with Dataset(
-        url, storage_options=s3_bucket.storage_options, cache_dir=tmp_path / "cache"
-    ) as ds:
+    url = upload(target, prefix, shards)
+    with Dataset(url, storage_options=target.storage_options, cache_dir=cache_dir, **options) as ds:
         loader = fastdata.DataLoader(ds, batch_size=32, num_workers=2)
         seen: dict[int, bytes] = {}
         for batch in loader:
@@ -158,9 +156,17 @@ def test_cold_packed_epoch_in_two_worker_processes_fetches_each_chunk_at_most_tw
         loader.close()
     assert seen == dict(enumerate(blobs))  # every sample exactly once, byte-identical
     assert stats.store is not None
-    gets = stats.store["requests"]
+    return stats.store, sum(len(b) for b in shards.values())
+
+
+def test_cold_packed_epoch_in_two_worker_processes_fetches_each_chunk_at_most_twice(
+    s3_bucket: Any, tmp_path: Path
+) -> None:
+    """Worker processes keep their own rows: each may fetch a chunk once (docs/plan.md)."""
+    store, total = two_worker_epoch(s3_bucket, "packed-workers", tmp_path / "cache")
+    gets = store["requests"]
     assert gets <= 2 * request_bound(total), f"{gets} GETs in two workers"
-    assert stats.store["bytes_read"] <= 2.05 * total
+    assert store["bytes_read"] <= 2.05 * total
 
 
 def test_two_workers_in_order_read_the_dataset_once_from_the_store(
@@ -170,29 +176,10 @@ def test_two_workers_in_order_read_the_dataset_once_from_the_store(
     samples of both workers' batches, and each worker fetched all of it (1.30x the
     dataset in a 2-worker cold epoch of 100 KiB samples). A worker now leaves out the
     runs of a chunk the other one reads: the store sends each byte about once."""
-    import fastdata
-
-    blobs = payloads()
-    shards = packed_shards(blobs)
-    total = sum(len(b) for b in shards.values())
-    url = upload(s3_bucket, "packed-workers-in-order", shards)
-    with Dataset(
-        url,
-        shuffle=False,
-        storage_options=s3_bucket.storage_options,
-        cache_dir=tmp_path / "cache",
-    ) as ds:
-        loader = fastdata.DataLoader(ds, batch_size=32, num_workers=2)
-        seen: dict[int, bytes] = {}
-        for batch in loader:
-            for s in split_batch(batch):
-                assert int(s["__id__"]) not in seen
-                seen[int(s["__id__"])] = bytes(s["data"])
-        stats = loader.stats()
-        loader.close()
-    assert seen == dict(enumerate(blobs))  # every sample exactly once, byte-identical
-    assert stats.store is not None
-    assert stats.store["bytes_read"] <= 1.05 * total, (stats.store["bytes_read"], total)
+    store, total = two_worker_epoch(
+        s3_bucket, "packed-workers-in-order", tmp_path / "cache", shuffle=False
+    )
+    assert store["bytes_read"] <= 1.05 * total, (store["bytes_read"], total)
 
 
 def test_a_cold_epoch_reads_chunks_ahead_and_a_warm_epoch_reads_nothing(
