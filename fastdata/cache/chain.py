@@ -2,10 +2,11 @@
 
 ``get_many(sample_ids)`` returns a lease with a record buffer for every id. Each tier is
 asked for what the tiers above it missed; hits in a lower tier are written up into the
-tiers above; what no tier has is read from the source once, encoded with
-:func:`fastdata.record.to_record`, written into every tier that admits it and returned
-either way. Tiers verify fingerprints and checksums themselves (a bad entry is a miss),
-so wrong bytes never reach the caller.
+tiers above when this process reads them a second time (NOTE[promote-on-reuse]); what
+no tier has is read from the source once, encoded with :func:`fastdata.record.to_record`,
+written into every tier that admits it and returned either way. Tiers verify
+fingerprints and checksums themselves (a bad entry is a miss), so wrong bytes never
+reach the caller.
 
 Single flight (NOTE[singleflight]) is ``_flight.py``'s, the source side (``SampleSource``,
 the transfer retry of NOTE[transfer-retry]) ``_source.py``'s, the counters
@@ -48,6 +49,7 @@ from fastdata.cache._flight import SingleFlight
 from fastdata.cache._source import SampleSource
 from fastdata.cache._stats import CACHE_COUNTERS, CacheStats
 from fastdata.cache._writeback import WriteBehind
+from fastdata.cache.policy import ReadBefore
 from fastdata.cache.tier import (
     CacheItem,
     InProcessTier,
@@ -130,6 +132,7 @@ class ReadThroughCache:
     def _reset(self) -> None:
         self._stats = StatsRecorder(CACHE_COUNTERS, calls=("source",))
         self._flights = SingleFlight(self.source, self._stats)  # NOTE[singleflight]
+        self._read_before = ReadBefore(len(self.source))  # NOTE[promote-on-reuse]
         # Tiers that have not recorded the dataset yet; a forked child registers again.
         self._unregistered = list(self.tiers)
         # NOTE[write-behind]: a forked child gets an empty queue and no thread.
@@ -184,7 +187,8 @@ class ReadThroughCache:
         leases: list[Lease] = []
         writes: list[CacheItem] = []
         try:
-            pending = self._read_tiers(keys, fingerprints, buffers, leases, defer_verify)
+            again = self._read_before.mark(ids)  # NOTE[promote-on-reuse]
+            pending = self._read_tiers(again, keys, fingerprints, buffers, leases, defer_verify)
             if pending:
                 self._fill_from_source(ids, keys, fingerprints, pending, buffers, writes)
         except BaseException:
@@ -335,6 +339,7 @@ class ReadThroughCache:
 
     def _read_tiers(
         self,
+        again: list[bool],
         keys: list[bytes],
         fingerprints: list[bytes],
         buffers: list[Any],
@@ -363,8 +368,9 @@ class ReadThroughCache:
             else:
                 lease.close()  # NOTE[chain-writeback]: it holds nothing we return
             if found and level:
-                items = [CacheItem(keys[i], fingerprints[i], buffers[i]) for i in found]
-                for upper in self.tiers[:level]:
+                # NOTE[promote-on-reuse] (policy.py): written up on the second read only.
+                items = [CacheItem(keys[i], fingerprints[i], buffers[i]) for i in found if again[i]]
+                for upper in self.tiers[:level] if items else ():
                     upper.put_many(items)
             pending = still
         if pending:  # NOTE[write-behind]: a record still queued is served from the queue

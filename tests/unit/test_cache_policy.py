@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from fastdata.cache.policy import (
     DatasetUsage,
+    ReadBefore,
     choose_admitted,
     idle_victims,
     simulate_epochs,
@@ -76,3 +78,19 @@ def test_simulate_epochs_validates_its_arguments() -> None:
         simulate_epochs(0, 1, 1)
     with pytest.raises(ConfigError, match="unknown policy 'mru': use 'fastdata' or 'lru'"):
         simulate_epochs(10, 1, 1, policy="mru")  # type: ignore[arg-type]
+
+
+def test_read_before_says_which_ids_were_read_in_an_earlier_call_or_earlier_in_this_one() -> None:
+    seen = ReadBefore(20)
+    assert seen.mark([]) == []
+    assert seen.mark([3, 4, 3]) == [False, False, True]
+    assert seen.mark([4, 19, 0, 3]) == [True, False, False, True]
+    assert seen.mark(np.array([0, 19, 7])) == [True, True, False]
+
+
+@pytest.mark.parametrize("ids", [[-1], [20], [0, 25]])
+def test_read_before_refuses_ids_outside_the_dataset(ids: list[int]) -> None:
+    with pytest.raises(ConfigError, match=r"0\.\.19"):
+        ReadBefore(20).mark(ids)
+    with pytest.raises(ConfigError, match="num_samples"):
+        ReadBefore(-1)
