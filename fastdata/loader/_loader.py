@@ -5,7 +5,8 @@ across ``torch.distributed`` ranks, equal batch counts per rank), and by default
 worker processes: the prefetcher's threads fetch and gather batches into pooled,
 page-aligned (pinned with CUDA) buffers while the loop trains. ``num_workers > 0`` runs
 the dataset's per-sample ``transform`` and the ``collate_fn`` in worker processes
-instead, each with its own prefetcher over its share of the rank's batches. With any
+instead, each with its own prefetcher over its share of the rank's batches; with neither
+(nor a ``worker_init_fn``) it keeps the threads (NOTE[worker-threads]). With any
 other dataset it is ``torch.utils.data.DataLoader`` itself.
 
 NOTE[loader-resume]: the loader counts the batches it has handed to the caller in the
@@ -97,6 +98,8 @@ class DataLoader:
             (needs the ``metrics`` extra: ``pip install 'fastdata[metrics]'``).
         on_error: ``"raise"`` or ``"skip"`` for samples that fail to read or transform
             (NOTE[bad-samples]); ``None`` keeps the dataset's.
+        worker_processes: ``None``: ``num_workers`` processes only when there is Python
+            to run in them (NOTE[worker-threads]); ``True``: always; ``False``: never.
 
     Raises:
         ConfigError: A bad argument.
@@ -130,6 +133,7 @@ class DataLoader:
         rank: int | None = None,
         metrics_port: int | None = None,
         on_error: OnError | None = None,
+        worker_processes: bool | None = None,
     ) -> None:
         self.dataset = dataset
         self.on_error = check_on_error(on_error) if on_error is not None else None
@@ -156,6 +160,7 @@ class DataLoader:
             extras = {"device": device, "world_size": world_size, "rank": rank}
             extras["metrics_port"] = metrics_port
             extras["on_error"] = on_error
+            extras["worker_processes"] = worker_processes
             given = sorted(k for k, v in extras.items() if v is not None)
             if given:
                 raise ConfigError(
@@ -178,7 +183,16 @@ class DataLoader:
             )
             return
         _check_args(batch_size, sampler, batch_sampler, num_workers, collate_fn, drop_last)
-        if num_workers > 0 and in_order is not True:
+        # NOTE[worker-threads]: the worker processes started (0: the threads mode).
+        self.worker_processes = _workers.process_count(
+            dataset,
+            num_workers,
+            worker_processes,
+            collate_fn=collate_fn,
+            worker_init_fn=worker_init_fn,
+            multiprocessing_context=multiprocessing_context,
+        )
+        if self.worker_processes and in_order is not True:
             raise ConfigError(
                 "in_order=False would let worker processes deliver batches out of plan "
                 "order, and state_dict() could then not resume exactly once; keep "
@@ -225,7 +239,9 @@ class DataLoader:
         self._prefetcher: Any = None
         self._reset_timing()
         hazard = (
-            _workers.fork_hazard() if num_workers > 0 and multiprocessing_context is None else None
+            _workers.fork_hazard()
+            if self.worker_processes and multiprocessing_context is None
+            else None
         )
         if hazard is not None and self._workers_picklable():
             _workers.refuse_unguarded_main("forkserver", hazard, num_workers)  # NOTE[main-guard]
@@ -335,7 +351,7 @@ class DataLoader:
             active.close()
 
     def _batches(self, plan: EpochPlan, epoch: int, cursor: int) -> Iterator[Any]:
-        if self.num_workers == 0:
+        if not self.worker_processes:
             return self._thread_batches(plan)
         workers = self._workers
         if workers is None or not workers.running:
@@ -348,7 +364,7 @@ class DataLoader:
                     "unbatch": self.batch_size is None,
                     "on_error": self.on_error,
                 },
-                num_workers=self.num_workers,
+                num_workers=self.worker_processes,
                 pin_memory=self.pin_memory,
                 persistent=self._persistent,
                 torch_kwargs=self._torch_kwargs,
@@ -476,13 +492,14 @@ class DataLoader:
         cache: CacheStatsDict | None = None
         store: StoreStatsDict | None = None
         queue_depth = 0.0
-        runtime = self.dataset.current_runtime() if self.num_workers == 0 else None
+        threads = not self.worker_processes
+        runtime = self.dataset.current_runtime() if threads else None
         if runtime is not None:
             cache = cast(CacheStatsDict, runtime.cache.stats().as_dict())
             store = cast(StoreStatsDict, asdict(runtime.store.stats()))
-        if self.num_workers == 0 and self._prefetcher is not None:
+        if threads and self._prefetcher is not None:
             queue_depth = self._prefetcher.stats().ready_mean
-        if self.num_workers > 0 and self._workers is not None:
+        if not threads and self._workers is not None:
             cache, store = self._workers.stats()
         plan = self._plan
         return LoaderStats(
@@ -503,7 +520,7 @@ class DataLoader:
             dropped_tokens=self.dataset.dropped_tokens(plan) if plan is not None else None,
             skipped_samples=(
                 self.dataset.skipped_samples - self._skipped_at_start
-                if self.num_workers == 0
+                if threads
                 else self._skipped_whole
             ),
             source_samples=plan.source_samples(steps) if isinstance(plan, SourceCounts) else (),

@@ -146,7 +146,7 @@ def two_worker_epoch(
     shards = packed_shards(blobs)
     url = upload(target, prefix, shards)
     with Dataset(url, storage_options=target.storage_options, cache_dir=cache_dir, **options) as ds:
-        loader = fastdata.DataLoader(ds, batch_size=32, num_workers=2)
+        loader = fastdata.DataLoader(ds, batch_size=32, num_workers=2, worker_processes=True)
         seen: dict[int, bytes] = {}
         for batch in loader:
             for s in split_batch(batch):

@@ -263,7 +263,7 @@ def test_dataloader_workers_read_a_published_dataset_exactly_once(
         config=_config(tmp_path / "node"),
     )
     assert ds.index.generation is not None
-    loader = fastdata.DataLoader(ds, batch_size=16, num_workers=2)
+    loader = fastdata.DataLoader(ds, batch_size=16, num_workers=2, worker_processes=True)
     got: dict[str, bytes] = {}
     for batch in loader:
         for name, data in zip(batch["__member__"], batch["bin"], strict=True):

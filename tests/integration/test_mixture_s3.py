@@ -69,7 +69,9 @@ def test_a_mixture_over_s3_resumes_in_another_world_size_exactly_once(
         again = fastdata.Mixture(
             _sources(s3_bucket, tmp_path / "cache"), weights, epoch_samples=120
         )
-        loader = fastdata.DataLoader(again, batch_size=5, world_size=3, rank=rank, num_workers=2)
+        loader = fastdata.DataLoader(
+            again, batch_size=5, world_size=3, rank=rank, num_workers=2, worker_processes=True
+        )
         loader.load_state_dict(state)
         for batch in loader:
             for i, k in zip(batch["__id__"].tolist(), batch["__source__"].tolist(), strict=True):

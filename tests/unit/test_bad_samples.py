@@ -78,7 +78,9 @@ def test_a_transform_error_names_the_sample_and_its_object(
     url, cache = jpeg_folder
     with _dataset(url, cache) as ds:
         bad = _bad_id(ds)
-        loader = fastdata.DataLoader(ds, batch_size=4, num_workers=num_workers)
+        loader = fastdata.DataLoader(
+            ds, batch_size=4, num_workers=num_workers, worker_processes=bool(num_workers)
+        )
         with pytest.raises(OSError, match=r"(?i)truncated") as info:  # PIL's own type, kept
             list(loader)
     text = str(info.value) + "\n".join(getattr(info.value, "__notes__", []))
@@ -108,7 +110,11 @@ def test_skip_leaves_out_the_bad_sample_logs_and_counts_it(
 def test_on_error_on_the_loader_overrides_the_dataset(jpeg_folder: Any) -> None:
     url, cache = jpeg_folder
     with _dataset(url, cache) as ds:
-        batches = list(fastdata.DataLoader(ds, batch_size=4, num_workers=2, on_error="skip"))
+        batches = list(
+            fastdata.DataLoader(
+                ds, batch_size=4, num_workers=2, worker_processes=True, on_error="skip"
+            )
+        )
     assert sum(len(b[0]) for b in batches) == 23
     with pytest.raises(ConfigError, match="on_error"):
         fastdata.DataLoader(ds, on_error="ignore")  # type: ignore[arg-type]

@@ -133,7 +133,7 @@ def test_vartensor_copies_and_travels_between_processes_as_itself() -> None:
 
 def test_worker_processes_deliver_vartensors(parquet_dataset: Any) -> None:
     url, cache = parquet_dataset
-    ds, loader = _loader(url, cache, num_workers=2)
+    ds, loader = _loader(url, cache, num_workers=2, worker_processes=True)
     with ds:
         batches = list(loader)
     assert [type(b["tokens"]) for b in batches] == [VarTensor, VarTensor]

@@ -144,7 +144,7 @@ import fastdata
 ds = fastdata.Dataset(sys.argv[1], cache_dir=sys.argv[2])
 if sys.argv[3] == "open":
     ds[0]  # an LMDB environment is now open here: the workers cannot fork
-loader = fastdata.DataLoader(ds, batch_size=16, num_workers=2)
+loader = fastdata.DataLoader(ds, batch_size=16, num_workers=2, worker_processes=True)
 print("samples", sum(len(b["__id__"]) for b in loader), loader._worker_start)
 """
 

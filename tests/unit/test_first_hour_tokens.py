@@ -108,7 +108,9 @@ def test_padded_block_never_displaces_a_full_block_in_world_size_two(tmp_path: P
 
 def test_padded_block_never_displaces_a_full_block_with_workers(tmp_path: Path) -> None:
     with _padded(tmp_path) as ds:
-        loader = fastdata.DataLoader(ds, batch_size=4, drop_last=True, num_workers=2)
+        loader = fastdata.DataLoader(
+            ds, batch_size=4, drop_last=True, num_workers=2, worker_processes=True
+        )
         ids = _delivered([loader], 1)
         loader.close()
     assert len(set(ids)) == len(ids) == 32

@@ -281,7 +281,9 @@ def test_fastdata_loader_with_worker_processes_matches_thread_order(files_datase
     url, _, cache = files_dataset
     with _dataset(url, cache) as ds:
         threads = _ids(list(fastdata.DataLoader(ds, batch_size=8)))
-        workers = _ids(list(fastdata.DataLoader(ds, batch_size=8, num_workers=2)))
+        workers = _ids(
+            list(fastdata.DataLoader(ds, batch_size=8, num_workers=2, worker_processes=True))
+        )
     assert workers == threads
 
 
@@ -289,7 +291,9 @@ def test_persistent_workers_advance_the_epoch_with_the_loader(files_dataset: Any
     url, _, cache = files_dataset
     with _dataset(url, cache) as ds:
         reference = fastdata.DataLoader(ds, batch_size=8)
-        persistent = fastdata.DataLoader(ds, batch_size=8, num_workers=2, persistent_workers=True)
+        persistent = fastdata.DataLoader(
+            ds, batch_size=8, num_workers=2, worker_processes=True, persistent_workers=True
+        )
         for _ in range(2):
             assert _ids(list(persistent)) == _ids(list(reference))
 

@@ -55,7 +55,7 @@ def test_a_new_iter_ends_the_previous_epochs_threads(files_dataset: Any) -> None
 def test_in_order_false_with_workers_is_refused(files_dataset: Any) -> None:
     url, _, cache = files_dataset
     with _dataset(url, cache) as ds, pytest.raises(ConfigError, match="in_order"):
-        fastdata.DataLoader(ds, batch_size=8, num_workers=2, in_order=False)
+        fastdata.DataLoader(ds, batch_size=8, num_workers=2, worker_processes=True, in_order=False)
 
 
 @pytest.mark.parametrize(
@@ -81,14 +81,18 @@ def test_single_samples_resume_at_exactly_the_next_sample(
 ) -> None:
     url, _, cache = files_dataset
     with _dataset(url, cache, batch_size=16) as ds:
-        loader = fastdata.DataLoader(ds, batch_size=None, num_workers=num_workers)
+        loader = fastdata.DataLoader(
+            ds, batch_size=None, num_workers=num_workers, worker_processes=bool(num_workers)
+        )
         assert len(loader) == 203
         it = iter(loader)
         first = [next(it)["__id__"] for _ in range(10)]
         state = loader.state_dict()
         loader.close()
         assert state["plan"]["cursor"] == 10
-        resumed = fastdata.DataLoader(ds, batch_size=None, num_workers=num_workers)
+        resumed = fastdata.DataLoader(
+            ds, batch_size=None, num_workers=num_workers, worker_processes=bool(num_workers)
+        )
         resumed.load_state_dict(state)
         rest = [s["__id__"] for s in resumed]
     assert sorted(first + rest) == list(range(203))

@@ -51,7 +51,9 @@ def test_workers_start_once_per_loader_unless_told_otherwise(
     url, _, cache = files_dataset
     with _dataset(url, cache, transform=pid_of) as ds:
         kwargs = {} if persistent is None else {"persistent_workers": persistent}
-        loader = fastdata.DataLoader(ds, batch_size=16, num_workers=2, **kwargs)
+        loader = fastdata.DataLoader(
+            ds, batch_size=16, num_workers=2, worker_processes=True, **kwargs
+        )
         pids: set[int] = set()
         for _ in range(3):
             batches = list(loader)
@@ -97,7 +99,9 @@ def test_getitem_reads_one_sample_through_the_cache(files_dataset: Any) -> None:
 def test_reentering_with_islice_continues_the_epoch(files_dataset: Any, num_workers: int) -> None:
     url, _, cache = files_dataset
     with _dataset(url, cache) as ds:
-        loader = fastdata.DataLoader(ds, batch_size=8, num_workers=num_workers)
+        loader = fastdata.DataLoader(
+            ds, batch_size=8, num_workers=num_workers, worker_processes=bool(num_workers)
+        )
         ids = [i for _ in range(4) for i in _ids(list(itertools.islice(loader, 5)))]
         assert len(ids) == 160
         assert len(set(ids)) == 160
@@ -165,7 +169,7 @@ def test_len_after_load_state_dict_is_what_the_resumed_epoch_yields(files_datase
 def test_stats_with_workers_add_up_the_workers_counters(files_dataset: Any) -> None:
     url, _, cache = files_dataset
     with _dataset(url, cache, ram_bytes=0) as ds:
-        loader = fastdata.DataLoader(ds, batch_size=16, num_workers=2)
+        loader = fastdata.DataLoader(ds, batch_size=16, num_workers=2, worker_processes=True)
         list(loader)
         cold = loader.stats()
         list(loader)
@@ -205,7 +209,9 @@ def test_node_counters_are_saved_without_close(files_dataset: Any, num_workers: 
         url, cache, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
         if __name__ == "__main__":
             ds = fastdata.Dataset(url, cache_dir=cache, ram_bytes=0)
-            loader = fastdata.DataLoader(ds, batch_size=16, num_workers=workers)
+            loader = fastdata.DataLoader(
+                ds, batch_size=16, num_workers=workers, worker_processes=bool(workers)
+            )
             for _ in range(2):
                 for batch in loader:
                     pass
@@ -237,10 +243,10 @@ def test_fork_when_nothing_breaks_it_else_a_preloaded_forkserver(files_dataset: 
         import fastdata
         if __name__ == "__main__":
             ds = fastdata.Dataset(sys.argv[1], cache_dir=sys.argv[2])
-            first = fastdata.DataLoader(ds, batch_size=16, num_workers=2)
+            first = fastdata.DataLoader(ds, batch_size=16, num_workers=2, worker_processes=True)
             n = len(list(first))
             ds.fetch_batch([0])  # an LMDB environment is now open in this process
-            second = fastdata.DataLoader(ds, batch_size=16, num_workers=2)
+            second = fastdata.DataLoader(ds, batch_size=16, num_workers=2, worker_processes=True)
             m = len(list(second))
             print(json.dumps([first._worker_start, second._worker_start, n, m]))
         """,
@@ -285,7 +291,7 @@ if __name__ == "__main__":
     url, cache, out, context = sys.argv[1:5]
     ds = fastdata.Dataset(url, cache_dir=cache, transform=slow)
     kwargs = {} if context == "auto" else {"multiprocessing_context": context}
-    loader = fastdata.DataLoader(ds, batch_size=4, num_workers=2, **kwargs)
+    loader = fastdata.DataLoader(ds, batch_size=4, num_workers=2, worker_processes=True, **kwargs)
     for step, batch in enumerate(loader):
         if step == 3:
             with open(out + ".tmp", "w") as f:
@@ -349,3 +355,69 @@ def test_sigkill_of_the_trainer_leaves_no_process_or_reader_slot(
         for pid in json.loads(out.read_text())["children"] if out.exists() else []:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+# -- NOTE[worker-threads]: processes only for Python to run --------------------------------
+
+
+def _children() -> set[int]:
+    import multiprocessing
+
+    return {p.pid for p in multiprocessing.active_children() if p.pid is not None}
+
+
+def test_workers_without_python_to_run_keep_the_threads(files_dataset: Any) -> None:
+    # What was seen (issue 21 item 4): num_workers=2 over a packed dataset with no
+    # transform ran at 0.39x LitData's two workers, 1.3 s of its 2.0 s first batch the
+    # fork server's start, to do in processes what the threads already do natively.
+    url, _, cache = files_dataset
+    before = _children()
+    with _dataset(url, cache) as ds:
+        loader = fastdata.DataLoader(ds, batch_size=16, num_workers=2)
+        assert loader.worker_processes == 0
+        assert loader.num_workers == 2  # torch's attribute keeps what was asked
+        batches = list(loader)
+        assert _children() <= before
+        assert sorted(_ids(batches)) == list(range(203))
+        assert loader.stats().cache is not None  # the threads' own counters
+        loader.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "processes"),
+    [
+        ({"transform": pid_of}, 2),
+        ({"worker_processes": True}, 2),
+        ({"transform": pid_of, "worker_processes": False}, 0),
+    ],
+)
+def test_worker_processes_start_for_a_transform_or_when_asked(
+    files_dataset: Any, kwargs: dict[str, Any], processes: int
+) -> None:
+    url, _, cache = files_dataset
+    transform = kwargs.pop("transform", None)
+    with _dataset(url, cache, transform=transform) as ds:
+        loader = fastdata.DataLoader(ds, batch_size=16, num_workers=2, **kwargs)
+        assert loader.worker_processes == processes
+        batches = list(loader)
+        assert sorted(_ids(batches)) == list(range(203))
+        if transform is not None:
+            pids = {p for b in batches for p in b["pid"].tolist()}
+            assert (os.getpid() in pids) == (processes == 0)
+            assert len(pids) == max(processes, 1)
+        loader.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"worker_processes": "yes", "num_workers": 2}, "None, True or False"),
+        ({"worker_processes": True}, "needs num_workers > 0"),
+    ],
+)
+def test_bad_worker_processes_is_a_config_error(
+    files_dataset: Any, kwargs: dict[str, Any], message: str
+) -> None:
+    url, _, cache = files_dataset
+    with _dataset(url, cache) as ds, pytest.raises(ConfigError, match=message):
+        fastdata.DataLoader(ds, batch_size=16, **kwargs)

@@ -329,7 +329,7 @@ def test_worker_processes_deliver_the_same_batches(roots: list[Path], tmp_path: 
     threads = fastdata.DataLoader(mix, batch_size=6)
     expected = _flat(list(threads))
     threads.close()
-    workers = fastdata.DataLoader(mix, batch_size=6, num_workers=2)
+    workers = fastdata.DataLoader(mix, batch_size=6, num_workers=2, worker_processes=True)
     assert _flat(list(workers)) == expected
     workers.close()
 

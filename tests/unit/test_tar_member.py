@@ -95,7 +95,7 @@ def test_members_through_two_workers(tmp_path: Path) -> None:
         cache_dir=tmp_path / "c",
     )
     with ds:
-        loader = fastdata.DataLoader(ds, batch_size=5, num_workers=2)
+        loader = fastdata.DataLoader(ds, batch_size=5, num_workers=2, worker_processes=True)
         assert _members(loader) == _webdataset_keys(root)
         loader.close()
 

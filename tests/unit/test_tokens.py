@@ -204,7 +204,7 @@ def test_worker_processes_read_blocks(tmp_path: Path) -> None:
     corpus = _flat(tmp_path / "c", [3000])
     ds = fastdata.TokenDataset(tmp_path / "c", block_size=100, cache_dir=tmp_path / "cache")
     with ds:
-        batches = list(fastdata.DataLoader(ds, batch_size=5, num_workers=2))
+        batches = list(fastdata.DataLoader(ds, batch_size=5, num_workers=2, worker_processes=True))
     ids = [i for b in batches for i in b["__id__"].tolist()]
     assert sorted(ids) == list(range(30))
     for b in batches:

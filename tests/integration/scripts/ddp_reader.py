@@ -23,7 +23,7 @@ def main() -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     dataset = fastdata.Dataset(url, storage_options=options, cache_dir=cache_dir)
-    loader = fastdata.DataLoader(dataset, batch_size=4, num_workers=2)
+    loader = fastdata.DataLoader(dataset, batch_size=4, num_workers=2, worker_processes=True)
     ids: list[int] = []
     batches = 0
     for batch in loader:
