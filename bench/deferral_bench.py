@@ -14,7 +14,7 @@ cgroup of that size, created under this process's own (v1 ``memory.limit_in_byte
 v2 ``memory.max``; it needs the right to create one, e.g. root in a container): the
 page cache then holds only that much of the dataset and the LMDB file, as on a node
 whose data is larger than its RAM, and dirty pages are written back under that limit.
-The RAM tier is set to a quarter of the limit so the process fits in it.
+The RAM tier is set to an eighth of the limit so the process fits in it.
 
 Per epoch it prints MB/s (and the ratio to both ceilings), the samples read from the
 store, the records deferred because the write-behind queue was full
@@ -48,7 +48,7 @@ from fastdata.testing.seaweedfs import SeaweedServer
 
 _EPOCHS = 3
 _RAM_BYTES: int | None = None
-"""The RAM tier's budget under ``--memory-limit`` (a quarter of it); else the default."""
+"""The RAM tier's budget under ``--memory-limit`` (an eighth of it); else the default."""
 
 
 _CGROUP = Path("/sys/fs/cgroup")
@@ -222,7 +222,7 @@ def main() -> None:
         with memory_limit(limit) if limit else contextlib.nullcontext():
             if limit:
                 global _RAM_BYTES
-                _RAM_BYTES = limit // 4
+                _RAM_BYTES = limit // 8
                 print(
                     f"reader in a memory cgroup of {limit:,} bytes (the dataset is "
                     f"{config.dataset_bytes / limit:.1f}x it); RAM tier {_RAM_BYTES:,} bytes"

@@ -10,7 +10,8 @@ It starts its own SeaweedFS (``fastdata.testing.seaweedfs``), makes one set of s
 system's own format with that system's own writer, uploads every format to the server and
 reads each through its own loader (docs/benchmark.md, "Side by side with other loaders"):
 
-* ``fastdata files``: one object per sample, ``c<label>/<id>.bin`` (ImageFolder labels);
+* ``fastdata files``: one object per sample, ``c<label>/<id>.bin`` (ImageFolder labels),
+  published with ``fastdata publish`` (docs/manifest.md);
 * ``fastdata packed``: the same objects converted with ``fastdata.pack`` (64 MiB shards);
 * ``fastdata parquet`` and ``pyarrow``: Parquet written by pyarrow with HF-sized row
   groups (1,000 rows), read by fastdata and by ``ParquetFile.iter_batches`` (no cache);
@@ -615,6 +616,8 @@ def fastdata_opener(plan: dict[str, Any], layout: str) -> Opener:
             **settings[layout],
         )
         loader = fastdata.DataLoader(dataset, batch_size=plan["batch_size"], num_workers=workers)
+        if workers:  # NOTE[worker-threads]: no transform here, so the threads carry it
+            print(f"  num_workers={workers}: {loader.worker_processes} worker processes")
 
         def close() -> None:
             loader.close()
@@ -1311,6 +1314,20 @@ def main(argv: list[str] | None = None) -> int:
         )
         with Store(f"{root}/packed", storage_options=options) as store:
             shards = [(i.path, i.size) for i in store.list() if i.path.endswith(".fdpack")]
+        # `fastdata publish` over the objects, as docs/manifest.md advises (fresh nodes
+        # open without a LIST; each read checked by the manifest's CRC32C, not an MD5).
+        from fastdata.index import publish
+        from fastdata.spec import DatasetSpec
+
+        publish(
+            DatasetSpec(
+                f"{root}/files",
+                layout="files",
+                layout_options={"labels": True},
+                storage_options=options,
+            ),
+            cache_dir=work / "publish-index",
+        )
         plan: dict[str, Any] = {
             "endpoint_url": server.endpoint_url,
             "storage_options": options,

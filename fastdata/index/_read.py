@@ -326,10 +326,12 @@ class UnitReader:
                 None if r.end is None else place(int(sizes[o]), r.start, r.end)
                 for o, r in zip(objs, requests, strict=True)
             ]
+        # NOTE[manifest-verify]: _verified checks these bytes; the store need not.
+        kwargs: dict[str, Any] = {"checked": True} if self._crcs is not None else {}
         try:
             if into is not None and any(d is not None for d in into):
-                return store.get_many(requests, into=into)
-            return store.get_many(requests)
+                return store.get_many(requests, into=into, **kwargs)
+            return store.get_many(requests, **kwargs)
         except ObjectChangedError as exc:
             manifest = self.table.meta.get("manifest")
             if manifest is not None:

@@ -64,7 +64,7 @@ class Backend(abc.ABC):
                     job.restart()  # no ETag to pin a resume to: start over
             raise
         verifier = self.verifier
-        if verifier is not None:
+        if verifier is not None and not job.checked:
             try:
                 try:
                     verifier.check(job, data)

@@ -40,6 +40,7 @@ class ReadJob:
         "bad_digest",
         "buf",
         "caller_pinned",
+        "checked",
         "checksums",
         "filled",
         "object_size",
@@ -49,8 +50,10 @@ class ReadJob:
         "total",
     )
 
-    def __init__(self, req: ByteRange) -> None:
+    def __init__(self, req: ByteRange, *, checked: bool = False) -> None:
         self.req = req
+        self.checked = checked
+        """The caller checks these bytes itself (NOTE[manifest-verify]): no transfer check."""
         self.pin: str | None = req.etag
         """The ETag every attempt sends as ``If-Match`` (the caller's, or the first seen)."""
         self.caller_pinned = req.etag is not None

@@ -299,6 +299,7 @@ class Store:
         *,
         max_attempts: int | None = None,
         into: Sequence[memoryview | None] | None = None,
+        checked: bool = False,
     ) -> builtins.list[Buffer]:
         """Read many byte ranges concurrently; the results come back in request order.
 
@@ -310,6 +311,10 @@ class Store:
         gives, per request, ``None`` or a writable buffer of exactly its length (ranged
         requests only) that its bytes land in, parts and all (NOTE[range-parts]): its
         result is a ``memoryview`` of that buffer, cut where the object ended.
+        ``checked=True`` says the caller checks every result against checksums of its
+        own before using it (a published manifest's CRC32C, NOTE[manifest-verify]): the
+        store's transfer checks (NOTE[store-verify]) are then skipped for these reads,
+        so the same bytes are not hashed twice.
 
         Raises:
             ConfigError: ``requests`` is not a sequence of ``ByteRange`` with object paths.
@@ -323,6 +328,8 @@ class Store:
             return []
         if max_attempts is not None and (type(max_attempts) is not int or max_attempts < 1):
             raise ConfigError(f"max_attempts must be a positive int or None, got {max_attempts!r}")
+        if type(checked) is not bool:
+            raise ConfigError(f"checked must be True or False, got {checked!r}")
         if into is not None:
             into = check_destinations(reqs, into)
 
@@ -340,7 +347,7 @@ class Store:
                 for i in indices:
                     req = parts[i]
                     ctx = OpContext("get", self._target(req.path), req.etag, (req.start, req.end))
-                    read = functools.partial(backend.read, ReadJob(req))
+                    read = functools.partial(backend.read, ReadJob(req, checked=checked))
                     parted.deliver(i, await retrying(read, ctx, env))
 
             await _workers(worker, min(self.config.max_concurrency, len(parts)))

@@ -272,3 +272,45 @@ def test_dataloader_workers_read_a_published_dataset_exactly_once(
     loader.close()
     assert got == truth
     ds.close()
+
+
+def test_a_published_dataset_is_checked_once_by_its_crcs_not_again_by_the_stores_md5(
+    s3_bucket: S3Target, tmp_path: Path
+) -> None:
+    # What was seen (issue 21 item 3): a published `files` dataset's cold epoch paid the
+    # MD5 of every body (0.1-0.2 ms of client CPU per 100 KiB sample on plain http) on
+    # top of the manifest's CRC32C, which already checks the same bytes.
+    rng = np.random.default_rng(3)
+    truth = {f"c{i % 3}/{i:03d}.bin": rng.bytes(int(rng.integers(500, 3000))) for i in range(40)}
+    url = f"{s3_bucket.url}/md5-once"
+    with Store(url, storage_options=s3_bucket.storage_options) as store:
+        store.put_many(list(truth.items()))
+    auto = FastdataConfig(cache=CacheConfig(dir=str(tmp_path / "unpublished")))
+
+    def epoch(config: FastdataConfig) -> tuple[dict[str, bytes], dict[str, Any]]:
+        ds = fastdata.Dataset(
+            url,
+            layout="files",
+            metadata=("__key__",),
+            storage_options=s3_bucket.storage_options,
+            config=config,
+            shuffle=False,
+        )
+        with fastdata.DataLoader(ds, batch_size=8) as loader:
+            got = {
+                k: bytes(np.asarray(d))
+                for b in loader
+                for k, d in zip(b["__key__"], b["data"], strict=True)
+            }
+            stats = loader.stats().store
+        assert stats is not None
+        return got, dict(stats)
+
+    got, store_stats = epoch(auto)
+    assert got == truth
+    assert store_stats["verified_reads"] == len(truth)  # unpublished: the MD5 is the check
+    spec = DatasetSpec(url, layout="files", storage_options=s3_bucket.storage_options)
+    publish(spec, cache_dir=tmp_path / "publisher")
+    got, store_stats = epoch(FastdataConfig(cache=CacheConfig(dir=str(tmp_path / "published"))))
+    assert got == truth
+    assert store_stats["verified_reads"] == 0  # the CRC32C of the manifest checked them

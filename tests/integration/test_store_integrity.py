@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from fastdata.config import StoreConfig
-from fastdata.errors import CorruptRecordError, StoreError, StoreUnavailableError
+from fastdata.errors import ConfigError, CorruptRecordError, StoreError, StoreUnavailableError
 from fastdata.store import ByteRange, Store
 from fastdata.testing.faultproxy import Fault, FaultProxy
 from fastdata.testing.s3 import S3Target
@@ -165,6 +165,24 @@ def test_verify_never_delivers_what_arrives(
     (out,) = store.get_many([ByteRange(key)])
     assert bytes(memoryview(out)) != objects[key]
     assert (store.stats().corrupt_transfers, store.stats().verified_reads) == (0, 0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_checked_reads_are_left_to_the_callers_own_check(
+    root: Root, proxy: FaultProxy, objects: dict[str, bytes], backend: str
+) -> None:
+    # NOTE[manifest-verify]: a caller holding its own CRCs asks the store not to hash.
+    key = "md5/06.bin"
+    proxy.add(Fault.corrupt(positions=(10,)), times=1, method="GET", path=re.escape(root.path(key)))
+    store = _store(root, proxy, backend)
+    (out,) = store.get_many([ByteRange(key)], checked=True)
+    assert bytes(memoryview(out)) != objects[key]  # what arrived: the caller's to check
+    assert (store.stats().corrupt_transfers, store.stats().verified_reads) == (0, 0)
+    (again,) = store.get_many([ByteRange(key)])
+    assert bytes(memoryview(again)) == objects[key]
+    assert store.stats().verified_reads == 1
+    with pytest.raises(ConfigError, match="checked must be True or False"):
+        store.get_many([ByteRange(key)], checked="yes")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
