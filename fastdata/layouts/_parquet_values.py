@@ -56,6 +56,39 @@ def _filled(array: pa.Array[Any]) -> pa.Array[Any]:
     return array  # temporal values and lists fill their own nulls
 
 
+_NUMERIC = {
+    pa.int8(): np.int8,
+    pa.int16(): np.int16,
+    pa.int32(): np.int32,
+    pa.int64(): np.int64,
+    pa.uint8(): np.uint8,
+    pa.uint16(): np.uint16,
+    pa.uint32(): np.uint32,
+    pa.uint64(): np.uint64,
+    pa.float16(): np.float16,
+    pa.float32(): np.float32,
+    pa.float64(): np.float64,
+}
+"""Arrow's fixed-width numbers and the numpy dtype of their values buffer."""
+
+
+def _numbers(array: pa.Array[Any]) -> np.ndarray:
+    """A numeric column without nulls as a numpy view of its values buffer.
+
+    NOTE[parquet-no-pandas]: ``Array.to_numpy`` imports pandas when it is installed (as it
+    is beside Hugging Face ``datasets``): 0.30 s of a fresh process's first batch, in the
+    first row group's decode. The values buffer needs no conversion at all.
+    """
+    if array.null_count:
+        return array.to_numpy(zero_copy_only=False)
+    start, stop = array.offset, array.offset + len(array)
+    data = memoryview(cast("pa.Buffer", array.buffers()[1]))
+    if pa.types.is_boolean(array.type):  # one bit per value, least significant first
+        bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="little")
+        return bits[start:stop].astype(bool)
+    return np.frombuffer(data, dtype=_NUMERIC[array.type])[start:stop]
+
+
 def values(array: pa.Array[Any], name: str, path: str, group: int) -> list[Any]:
     kind = array.type
     if pa.types.is_dictionary(kind):
@@ -63,7 +96,7 @@ def values(array: pa.Array[Any], name: str, path: str, group: int) -> list[Any]:
         kind = array.type
     array = _filled(array)
     if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
-        return list(array.to_numpy(zero_copy_only=False))
+        return list(_numbers(array))
     if pa.types.is_temporal(kind) and not pa.types.is_interval(kind):
         return list(_temporal_ticks(array))
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -136,3 +137,48 @@ def test_a_footer_whose_column_type_disagrees_with_the_schema_is_refused() -> No
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "refused"
+
+
+_NO_PANDAS = """
+import sys
+import fastdata
+ds = fastdata.Dataset(sys.argv[1], layout="parquet", cache_dir=sys.argv[2], shuffle=False)
+batch = next(iter(fastdata.DataLoader(ds, batch_size=256)))
+assert batch["x"].tolist() == list(range(256))
+assert batch["b"].tolist() == [i % 3 == 0 for i in range(256)]
+print("pandas" in sys.modules)
+"""
+
+
+def test_a_fresh_process_decodes_numbers_without_importing_pandas(tmp_path: Any) -> None:
+    # What was seen (issue 21 item 2): the first row group's decode of a fresh process
+    # spent 0.30 s importing pandas, which Array.to_numpy pulls in when it is installed
+    # (it is beside Hugging Face datasets). NOTE[parquet-no-pandas].
+    import subprocess
+    import sys
+
+    pytest.importorskip("pandas")  # installed with the test extra; the claim needs it
+    (tmp_path / "data").mkdir()
+    table = {"x": np.arange(300, dtype=np.int32), "f": np.linspace(0, 1, 300)}
+    table["b"] = np.arange(300) % 3 == 0
+    table["data"] = [bytes([i % 256]) * 5 for i in range(300)]
+    pq.write_table(pa.table(table), tmp_path / "data" / "part.parquet", row_group_size=100)
+    out = subprocess.run(
+        [sys.executable, "-c", _NO_PANDAS, str(tmp_path / "data"), str(tmp_path / "cache")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert out.stdout.strip() == "False", out.stderr
+
+
+@pytest.mark.parametrize("kind", [pa.int8(), pa.uint64(), pa.float16(), pa.float32(), pa.bool_()])
+def test_numbers_from_the_values_buffer_equal_arrows_own(kind: pa.DataType) -> None:
+    from fastdata.layouts._parquet_values import values
+
+    rng = np.random.default_rng(5)
+    raw = rng.integers(0, 100, 77)
+    array = pa.array(raw % 2 == 0 if kind == pa.bool_() else raw).cast(kind)
+    for piece in (array, array.slice(3), array.slice(9, 40)):
+        assert [v.item() for v in values(piece, "x", "p", 0)] == piece.to_pylist()
