@@ -12,8 +12,11 @@ through ``fastdata.DataLoader`` on one cache.
 ``--memory-limit`` runs the reading side (this process, not the server) in a memory
 cgroup of that size, created under this process's own (v1 ``memory.limit_in_bytes`` or
 v2 ``memory.max``; it needs the right to create one, e.g. root in a container): the
-page cache then holds only that much of the dataset and the LMDB file, as on a node
-whose data is larger than its RAM, and dirty pages are written back under that limit.
+reader's page cache (the LMDB file it writes and reads) then holds only that much, as on
+a node whose data is larger than its RAM, and dirty pages are written back under that
+limit. The store's pages are the server's, outside the cgroup. If the cgroup's OOM
+killer ends the reader, remove ``fastdata-deferral-<pid>`` under the cgroup it names
+and stop the SeaweedFS server whose PID ``weed`` shows.
 The RAM tier is set to an eighth of the limit so the process fits in it.
 
 Per epoch it prints MB/s (and the ratio to both ceilings), the samples read from the
@@ -70,6 +73,9 @@ def memory_limit(limit_bytes: int) -> Iterator[Path]:
     """Run the rest of this process in a new child memory cgroup of ``limit_bytes``."""
     parent, knob = _own_memory_cgroup()
     child = parent / f"fastdata-deferral-{os.getpid()}"
+    if knob == "memory.max":  # v2: the parent must hand the memory controller down
+        with contextlib.suppress(OSError):
+            (parent / "cgroup.subtree_control").write_text("+memory")
     try:
         child.mkdir()
         (child / knob).write_text(str(limit_bytes))
@@ -88,8 +94,8 @@ def memory_limit(limit_bytes: int) -> Iterator[Path]:
             used = int((child / peak).read_text())
             print(f"memory cgroup peak {used:,} bytes of the {limit_bytes:,} limit")
     finally:
-        (parent / "cgroup.procs").write_text(str(os.getpid()))
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # never hide the error that ended the run
+            (parent / "cgroup.procs").write_text(str(os.getpid()))
             child.rmdir()
 
 

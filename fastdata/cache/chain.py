@@ -187,7 +187,8 @@ class ReadThroughCache:
         leases: list[Lease] = []
         writes: list[CacheItem] = []
         try:
-            again = self._read_before.mark(ids)  # NOTE[promote-on-reuse]
+            # NOTE[promote-on-reuse]; with one tier there is nothing to promote into.
+            again = self._read_before.mark(ids) if len(self.tiers) > 1 else []
             pending = self._read_tiers(again, keys, fingerprints, buffers, leases, defer_verify)
             if pending:
                 self._fill_from_source(ids, keys, fingerprints, pending, buffers, writes)

@@ -79,14 +79,16 @@ def _numbers(array: pa.Array[Any]) -> np.ndarray:
     is beside Hugging Face ``datasets``): 0.30 s of a fresh process's first batch, in the
     first row group's decode. The values buffer needs no conversion at all.
     """
-    if array.null_count:
+    buffer = array.buffers()[1]
+    if array.null_count or buffer is None or not len(array):
         return array.to_numpy(zero_copy_only=False)
     start, stop = array.offset, array.offset + len(array)
-    data = memoryview(cast("pa.Buffer", array.buffers()[1]))
+    data = memoryview(buffer)
     if pa.types.is_boolean(array.type):  # one bit per value, least significant first
-        bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="little")
+        count = (stop + 7) // 8
+        bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8, count=count), bitorder="little")
         return bits[start:stop].astype(bool)
-    return np.frombuffer(data, dtype=_NUMERIC[array.type])[start:stop]
+    return np.frombuffer(data, dtype=_NUMERIC[array.type], count=stop)[start:]
 
 
 def values(array: pa.Array[Any], name: str, path: str, group: int) -> list[Any]:

@@ -6,7 +6,7 @@ worker processes: the prefetcher's threads fetch and gather batches into pooled,
 page-aligned (pinned with CUDA) buffers while the loop trains. ``num_workers > 0`` runs
 the dataset's per-sample ``transform`` and the ``collate_fn`` in worker processes
 instead, each with its own prefetcher over its share of the rank's batches; with neither
-(nor a ``worker_init_fn``) it keeps the threads (NOTE[worker-threads]). With any
+(nor a ``worker_init_fn`` or ``multiprocessing_context``) it keeps the threads. With any
 other dataset it is ``torch.utils.data.DataLoader`` itself.
 
 NOTE[loader-resume]: the loader counts the batches it has handed to the caller in the
@@ -158,8 +158,7 @@ class DataLoader:
         self._active: weakref.ref[Generator[Any, None, None]] | None = None
         if not is_planned(dataset):
             extras = {"device": device, "world_size": world_size, "rank": rank}
-            extras["metrics_port"] = metrics_port
-            extras["on_error"] = on_error
+            extras.update(on_error=on_error, metrics_port=metrics_port)
             extras["worker_processes"] = worker_processes
             given = sorted(k for k, v in extras.items() if v is not None)
             if given:
@@ -181,6 +180,7 @@ class DataLoader:
                 generator=generator,
                 **self._torch_kwargs,
             )
+            self.worker_processes = num_workers  # torch's own workers
             return
         _check_args(batch_size, sampler, batch_sampler, num_workers, collate_fn, drop_last)
         # NOTE[worker-threads]: the worker processes started (0: the threads mode).

@@ -34,12 +34,16 @@ its reader slot) for at most ``_RELEASE_S`` and then exits with ``os._exit``.
 NOTE[worker-threads]: with a :class:`fastdata.Dataset`, a worker process would only do
 what the prefetcher's threads already do (read records through the cache, gather them
 natively with the GIL released) unless there is Python to run per sample: a ``transform``
-(the dataset's, or a mixture source's), a ``collate_fn`` or a ``worker_init_fn``. So by
+(the dataset's, or a mixture source's), a ``collate_fn``, a ``worker_init_fn`` (or a
+``multiprocessing_context``, which asks for processes by name). So by
 default (``worker_processes=None``) ``num_workers > 0`` starts processes only then, and
 otherwise runs the threads mode: no fork server to start (1.3 s of a 2.0 s first batch
 on 2 cores), no batch copied through shared memory, one store client instead of one per
 worker. ``worker_processes=True`` always starts them (torch's behaviour), ``False``
-never does. ``DataLoader.worker_processes`` says how many run.
+never does. ``DataLoader.worker_processes`` says how many run, and the choice of threads
+is logged once (INFO). A cold epoch of a layout that decodes in Python (Parquet rows
+into records, tar headers) runs that decode in the threads too, under one GIL: where it
+is the bottleneck, ``worker_processes=True`` spreads it over processes.
 
 NOTE[worker-stats]: each worker publishes its cache and store counters in its own slot of
 a shared-memory block, at most every ``_PUBLISH_S`` while it hands out batches and once
@@ -124,7 +128,19 @@ def process_count(
         sources = [dataset, *getattr(dataset, "sources", ())]
         python = any(getattr(s, "transform", None) is not None for s in sources)
         worker_processes = python or any(c is not None for c in callables.values())
+        if num_workers and not worker_processes and not _told_threads:
+            _told_threads.append(True)
+            _log.info(
+                "num_workers=%d: nothing to run per sample in a process (no transform, "
+                "collate_fn or worker_init_fn), so the prefetch threads carry the epoch "
+                "(NOTE[worker-threads]); worker_processes=True starts the processes",
+                num_workers,
+            )
     return num_workers if worker_processes else 0
+
+
+_told_threads: list[bool] = []
+"""Whether ``process_count`` logged its choice of threads in this process."""
 
 
 def fork_hazard() -> str | None:

@@ -366,15 +366,22 @@ def _children() -> set[int]:
     return {p.pid for p in multiprocessing.active_children() if p.pid is not None}
 
 
-def test_workers_without_python_to_run_keep_the_threads(files_dataset: Any) -> None:
+def test_workers_without_python_to_run_keep_the_threads(
+    files_dataset: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # What was seen (issue 21 item 4): num_workers=2 over a packed dataset with no
     # transform ran at 0.39x LitData's two workers, 1.3 s of its 2.0 s first batch the
     # fork server's start, to do in processes what the threads already do natively.
     url, _, cache = files_dataset
     before = _children()
+    from fastdata.loader import _worker_proc
+
+    monkeypatch.setattr(_worker_proc, "_told_threads", [])
+    caplog.set_level("INFO", logger="fastdata.loader._worker_proc")
     with _dataset(url, cache) as ds:
         loader = fastdata.DataLoader(ds, batch_size=16, num_workers=2)
         assert loader.worker_processes == 0
+        assert "worker_processes=True starts the processes" in caplog.text
         assert loader.num_workers == 2  # torch's attribute keeps what was asked
         batches = list(loader)
         assert _children() <= before
@@ -421,3 +428,7 @@ def test_bad_worker_processes_is_a_config_error(
     url, _, cache = files_dataset
     with _dataset(url, cache) as ds, pytest.raises(ConfigError, match=message):
         fastdata.DataLoader(ds, batch_size=16, **kwargs)
+
+
+def test_a_plain_torch_loader_says_how_many_worker_processes_it_runs() -> None:
+    assert fastdata.DataLoader(list(range(10)), batch_size=2, num_workers=0).worker_processes == 0
