@@ -96,14 +96,29 @@ def row_crcs(rows: np.ndarray, start: int, raw: Any) -> np.ndarray:
     per 8 MiB of 100 KiB rows (5 GB/s), measured here; an 8 MiB GET costs the client
     about 6 ms of CPU (docs/store.md)."""
     view = np.frombuffer(raw, dtype=np.uint8)
+    value = google_crc32c.value
+    if len(rows) == 1:  # a whole object, one record: the common unit of `files`
+        first, size = int(rows["offset"][0]) - start, int(rows["length"][0])
+        return np.asarray([value(view[first : first + size])], dtype=np.uint32)
     offsets = rows["offset"].astype(np.int64) - start
     lengths = rows["length"].astype(np.int64)
-    spans, inverse = np.unique(np.stack([offsets, lengths]), axis=1, return_inverse=True)
-    value = google_crc32c.value
-    crcs = [
-        value(view[a : a + n]) for a, n in zip(spans[0].tolist(), spans[1].tolist(), strict=True)
-    ]
-    return np.asarray(crcs, dtype=np.uint32)[inverse.reshape(-1)]
+    # Distinct spans without np.unique(axis=1) (0.15 ms of numpy per call): sort by
+    # (offset, length) and cut where either changes.
+    order = np.lexsort((lengths, offsets))
+    o, n = offsets[order], lengths[order]
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (o[1:] != o[:-1]) | (n[1:] != n[:-1])
+    firsts = np.flatnonzero(new)
+    crcs = np.asarray(
+        [
+            value(view[a : a + k])
+            for a, k in zip(o[firsts].tolist(), n[firsts].tolist(), strict=True)
+        ],
+        dtype=np.uint32,
+    )
+    out = np.empty(len(order), dtype=np.uint32)
+    out[order] = crcs[np.cumsum(new) - 1]
+    return out
 
 
 def _manifest_error(url: str, key: str, what: str) -> CorruptRecordError:

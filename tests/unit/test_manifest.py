@@ -405,3 +405,24 @@ def test_an_immutable_open_reads_the_manifest_once_then_nothing(tmp_path: Path) 
     again = open_index(spec, store=store, cache_dir=tmp_path / "node")
     assert again.generation == first.generation
     assert store.reads == []
+
+
+def test_row_crcs_equal_one_crc_per_row_for_single_shared_and_overlapping_spans() -> None:
+    # NOTE[manifest-verify]: the one-row path (every `files` read) and the sorted dedupe of
+    # shared spans give what one CRC32C per row gives.
+    import google_crc32c
+
+    from fastdata.index._manifest import row_crcs
+    from fastdata.layouts import ROW_DTYPE
+
+    rng = np.random.default_rng(21)
+    data = rng.bytes(60_000)
+    for k in [1, 1, 2, 5, 17, 40]:
+        offsets = rng.integers(0, 50_000, k)
+        lengths = rng.integers(0, 5_000, k)
+        if k > 3:  # two rows of one span, and one at the same offset with another length
+            offsets[1], lengths[1], offsets[2] = offsets[0], lengths[0], offsets[0]
+        rows = np.zeros(k, dtype=ROW_DTYPE)
+        rows["offset"], rows["length"] = offsets + 300, lengths
+        want = [google_crc32c.value(data[o : o + n]) for o, n in zip(offsets, lengths, strict=True)]
+        assert row_crcs(rows, 300, data).tolist() == want
