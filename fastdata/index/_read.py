@@ -326,12 +326,11 @@ class UnitReader:
                 None if r.end is None else place(int(sizes[o]), r.start, r.end)
                 for o, r in zip(objs, requests, strict=True)
             ]
-        # NOTE[manifest-verify]: _verified checks these bytes; the store need not.
-        kwargs: dict[str, Any] = {"checked": True} if self._crcs is not None else {}
+            if all(d is None for d in into):
+                into = None
         try:
-            if into is not None and any(d is not None for d in into):
-                return store.get_many(requests, into=into, **kwargs)
-            return store.get_many(requests, **kwargs)
+            # NOTE[manifest-verify]: _verified checks these bytes; the store need not.
+            return store.get_many(requests, into=into, checked=self._crcs is not None)
         except ObjectChangedError as exc:
             manifest = self.table.meta.get("manifest")
             if manifest is not None:

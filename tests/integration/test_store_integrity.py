@@ -155,13 +155,18 @@ def test_a_body_corrupted_on_every_attempt_raises_corrupt_record_error_naming_th
     assert store.stats().corrupt_transfers >= 2
 
 
+def _corrupted_once(root: Root, proxy: FaultProxy, backend: str, key: str, **config: Any) -> Store:
+    """A store whose next GET of ``key`` arrives with one byte flipped."""
+    proxy.add(Fault.corrupt(positions=(10,)), times=1, method="GET", path=re.escape(root.path(key)))
+    return _store(root, proxy, backend, **config)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_verify_never_delivers_what_arrives(
     root: Root, proxy: FaultProxy, objects: dict[str, bytes], backend: str
 ) -> None:
     key = "md5/05.bin"
-    proxy.add(Fault.corrupt(positions=(10,)), times=1, method="GET", path=re.escape(root.path(key)))
-    store = _store(root, proxy, backend, verify_transfers="never")
+    store = _corrupted_once(root, proxy, backend, key, verify_transfers="never")
     (out,) = store.get_many([ByteRange(key)])
     assert bytes(memoryview(out)) != objects[key]
     assert (store.stats().corrupt_transfers, store.stats().verified_reads) == (0, 0)
@@ -173,8 +178,7 @@ def test_checked_reads_are_left_to_the_callers_own_check(
 ) -> None:
     # NOTE[manifest-verify]: a caller holding its own CRCs asks the store not to hash.
     key = "md5/06.bin"
-    proxy.add(Fault.corrupt(positions=(10,)), times=1, method="GET", path=re.escape(root.path(key)))
-    store = _store(root, proxy, backend)
+    store = _corrupted_once(root, proxy, backend, key)
     (out,) = store.get_many([ByteRange(key)], checked=True)
     assert bytes(memoryview(out)) != objects[key]  # what arrived: the caller's to check
     assert (store.stats().corrupt_transfers, store.stats().verified_reads) == (0, 0)
