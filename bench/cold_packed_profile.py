@@ -129,13 +129,13 @@ def one_pass(
     in_flight = [0, 0]
     original = Store.get_many
 
-    def timed(self: Store, requests: Any) -> Any:
+    def timed(self: Store, requests: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
         with lock:
             in_flight[0] += 1
             in_flight[1] = max(in_flight[1], in_flight[0])
         try:
-            out = original(self, requests)
+            out = original(self, requests, **kwargs)
         finally:
             with lock:
                 in_flight[0] -= 1
