@@ -1,34 +1,101 @@
 """Arrow columns of a decoded row group turned into sample field values (the value side of
-the ``parquet`` layout, NOTE[parquet-nulls] in ``parquet.py``): struct leaves by their
-path, nulls filled with their type's sentinel, temporal columns as integer ticks, lists
-of numbers as arrays. Pure functions over pyarrow arrays; no I/O.
+the ``parquet`` layout, NOTE[parquet-nulls] in ``parquet.py``): the row group decoded in
+pieces (NOTE[parquet-pieces]), struct leaves by their path, nulls filled with their
+type's sentinel, temporal columns as integer ticks, lists of numbers as arrays. Pure
+functions over pyarrow readers and arrays; no I/O beyond the fetched span.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from fastdata.errors import ConfigError
-from fastdata.layouts._parquet_schema import Output
+from fastdata.errors import ConfigError, CorruptRecordError
+from fastdata.layouts._parquet_schema import VALID_SUFFIX, Output
 
 if TYPE_CHECKING:
     _ListLike = pa.ListArray[Any] | pa.LargeListArray[Any] | pa.FixedSizeListArray[Any, Any]
 
-__all__ = ["leaf_array", "values"]
+__all__ = ["DECODE_PIECE_BYTES", "leaf_array", "pieces_of", "raise_unmasked_null", "values"]
+
+DECODE_PIECE_BYTES = 16 * 1024**2
+"""Decoded bytes of one piece of a row group (NOTE[parquet-pieces])."""
+_MIN_PIECE_ROWS = 64
 
 
-def leaf_array(table: pa.Table, output: Output) -> pa.Array[Any]:
+def pieces_of(
+    reader: pq.ParquetFile, group: int, columns: list[str], rows: np.ndarray
+) -> Iterator[tuple[np.ndarray, pa.RecordBatch, np.ndarray]]:
+    """Rows ``rows`` of row group ``group``, decoded a piece at a time: ``(where, piece,
+    at)`` per piece that holds any of them, ``piece`` holding rows ``at`` of the group,
+    which are ``rows[where]``. Rows after the last one asked for are not decoded.
+
+    NOTE[parquet-pieces]: ``read_row_group`` decodes a binary column into one buffer that
+    grows by doubling as it goes, so a 100 MB row group wrote about twice its bytes into
+    memory the process had never touched (0.3-0.9 s of page faults for the first row
+    group of a fresh process on this project's machine, against 0.07-0.10 s for the
+    same rows in 16 MiB pieces, each buffer sized once). The pieces are record batches of
+    about ``DECODE_PIECE_BYTES`` decoded bytes (from the footer's uncompressed size).
+
+    Raises:
+        OSError: A row asked for is past the rows the row group decodes to.
+    """
+    metadata = reader.metadata.row_group(group)
+    count = metadata.num_rows
+    order = np.argsort(rows, kind="stable")
+    ordered = rows[order]
+    last = int(ordered[-1]) if len(ordered) else -1
+    if len(ordered) and (int(ordered[0]) < 0 or last >= count):
+        raise OSError(f"row {last} asked for, and the footer gives the row group {count} rows")
+    nbytes = max(1, metadata.total_byte_size)
+    per_piece = max(_MIN_PIECE_ROWS, count * DECODE_PIECE_BYTES // nbytes)
+    base = 0
+    if last >= 0:
+        for piece in reader.iter_batches(batch_size=per_piece, row_groups=[group], columns=columns):
+            n = piece.num_rows
+            lo, hi = (int(i) for i in np.searchsorted(ordered, [base, base + n]))
+            if hi > lo:
+                local = ordered[lo:hi] - base
+                if not (hi - lo == n and np.array_equal(local, np.arange(n))):
+                    piece = piece.take(pa.array(local, type=pa.int64()))
+                yield order[lo:hi], piece, ordered[lo:hi]
+            base += n
+            if base > last:
+                return
+    if base <= last:
+        raise OSError(f"the row group decodes to {base} rows; its footer gives {count}")
+
+
+def raise_unmasked_null(
+    array: pa.Array[Any], name: str, path: str, group: int, at: tuple[np.ndarray, np.ndarray]
+) -> None:
+    """A null in a field read without its mask: the first such row is a bad sample."""
+    valid = np.asarray(array.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    first = int(np.flatnonzero(~valid)[0])
+    sample_id, row = int(at[0][first]), int(at[1][first])
+    raise CorruptRecordError(
+        f"object {path!r}, row group {group}, row {row}: "
+        f"column {name!r} is null (sample {sample_id}), and its footer statistics said "
+        f"none or nothing when the index was built. Add {name + VALID_SUFFIX!r} to fields "
+        "to read nulls (a bool that is False where the value is null), or skip such rows "
+        "with on_error='skip'",
+        sample_id=sample_id,
+    )
+
+
+def leaf_array(table: pa.Table | pa.RecordBatch, output: Output) -> pa.Array[Any]:
     """The values of ``output``: its column, then struct children down its path (a null
     struct makes its children null: ``StructArray.flatten``)."""
-    column = table.column(output.path[0])
-    # One chunk (a row group as read) is used as it is: combining copies every value.
-    array = cast(
-        "pa.Array[Any]", column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-    )
+    column: Any = table.column(output.path[0])
+    if isinstance(column, pa.ChunkedArray):
+        # One chunk (a row group as read) is used as it is: combining copies every value.
+        column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    array = cast("pa.Array[Any]", column)
     for name in output.path[1:]:
         struct = cast("pa.StructArray", array)
         index = struct.type.get_field_index(name)

@@ -182,3 +182,47 @@ def test_numbers_from_the_values_buffer_equal_arrows_own(kind: pa.DataType) -> N
     array = pa.array(raw % 2 == 0 if kind == pa.bool_() else raw).cast(kind)
     for piece in (array, array.slice(3), array.slice(9, 40)):
         assert [v.item() for v in values(piece, "x", "p", 0)] == piece.to_pylist()
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        list(range(1000)),  # every row in order: the pieces as decoded
+        [999, 0, 500, 64, 63, 127, 128],  # out of order, across piece edges
+        [5, 5, 700],  # a row asked for twice
+        [10, 11, 12],  # only the first piece: the rest is never decoded
+    ],
+)
+def test_rows_decoded_in_pieces_equal_the_row_group_read(
+    rows: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NOTE[parquet-pieces]: a row group is decoded a piece at a time; each row comes back
+    where it was asked for, with its row in the group."""
+    from fastdata.layouts import _parquet_values
+
+    monkeypatch.setattr(_parquet_values, "DECODE_PIECE_BYTES", 1)  # the fewest rows a piece
+    data, meta = _file()
+    whole = pq.ParquetFile(pa.BufferReader(data)).read_row_group(1)
+    reader = pq.ParquetFile(pa.BufferReader(data), metadata=meta)
+    asked = np.array(rows, dtype=np.int64)
+    got: dict[int, dict[str, Any]] = {}
+    pieces = 0
+    for where, piece, at in _parquet_values.pieces_of(reader, 1, ["x", "b"], asked):
+        pieces += 1
+        assert piece.num_rows <= 64 or piece.num_rows == len(where)
+        np.testing.assert_array_equal(asked[where], at)
+        for position, row in zip(where.tolist(), piece.to_pylist(), strict=True):
+            got[position] = row
+    assert sorted(got) == list(range(len(rows)))
+    expected = whole.to_pylist()
+    assert [got[i] for i in range(len(rows))] == [expected[r] for r in rows]
+    assert pieces == len({r // 64 for r in rows})
+
+
+def test_a_row_past_the_row_group_is_an_error_naming_it() -> None:
+    from fastdata.layouts._parquet_values import pieces_of
+
+    data, meta = _file()
+    reader = pq.ParquetFile(pa.BufferReader(data), metadata=meta)
+    with pytest.raises(OSError, match="row 1000 asked for.*1000 rows"):
+        list(pieces_of(reader, 0, ["x"], np.array([3, 1000])))
