@@ -4,7 +4,7 @@
 asked for what the tiers above it missed; hits in a lower tier are written up into the
 tiers above when this process reads them a second time (NOTE[promote-on-reuse]); what
 no tier has is read from the source once, encoded with :func:`fastdata.record.to_record`,
-written into every tier that admits it and returned either way. Tiers verify
+written into the tiers that keep it (NOTE[cold-past-ram]) and returned either way. Tiers verify
 fingerprints and checksums themselves (a bad entry is a miss), so wrong bytes never
 reach the caller.
 
@@ -13,8 +13,18 @@ the transfer retry of NOTE[transfer-retry]) ``_source.py``'s, the counters
 (``CacheStats``) ``_stats.py``'s, and the standard tiers (``default_tiers``) are built in
 ``_tiers.py``; the write-behind thread is ``_writeback.py``'s.
 
+NOTE[cold-past-ram]: a record read from the source goes into the RAM tier (any in-process
+tier) only when no tier below it keeps records (a RAM-only cache); with LMDB below, it
+is written there alone, and reaches RAM by NOTE[promote-on-reuse] once LMDB served it
+twice. Every record kept in RAM is memory the process never touched before, and a cold
+epoch made 100 KiB of new pages per sample for it: a cold published ``files`` epoch of
+3,000 x 100 KiB ran at 124-171 MB/s and 0.74-0.91 ms of client CPU per sample with the
+RAM tier admitting them, 184-201 MB/s and 0.54-0.66 ms without (issue 21 item 3). A hit
+on LMDB over a hot page cache is a memory read already. Only the reads a tier served
+mark ``ReadBefore``, so a process's second epoch reads LMDB, the third fills RAM.
+
 NOTE[chain-writeback]: records read from the source are written into the tiers when the
-caller closes the lease: the RAM tier in the caller's thread, the others by the cache's
+caller closes the lease: an in-process tier in the caller's thread, the others by the cache's
 write-behind thread (NOTE[write-behind] in ``_writeback.py``; in the caller's thread when
 ``CacheConfig.writeback_bytes`` is 0). When the queue is full the records are cached in no
 tier this time (NOTE[admission-deferral]): counted as ``deferred``, logged once per epoch,
@@ -139,7 +149,14 @@ class ReadThroughCache:
         # An in-process tier is written in the reading thread; the others behind it.
         behind = [t for t in self.tiers if not t.in_process]
         limit = self.config.writeback_bytes
-        self._inline = [t for t in self.tiers if limit == 0 or t.in_process]
+        # NOTE[cold-past-ram]: with a tier below that keeps them, records read from the
+        # source are not written into the in-process tiers.
+        kept_below = bool(behind)
+        self._inline = [
+            t
+            for t in self.tiers
+            if (t.in_process and not kept_below) or (not limit and t in behind)
+        ]
         self._writeback = WriteBehind(
             behind if limit else [], limit, self._stats, name="fastdata-writeback"
         )
@@ -187,9 +204,14 @@ class ReadThroughCache:
         leases: list[Lease] = []
         writes: list[CacheItem] = []
         try:
-            # NOTE[promote-on-reuse]; with one tier there is nothing to promote into.
-            again = self._read_before.mark(ids) if len(self.tiers) > 1 else []
+            # NOTE[promote-on-reuse]; with one tier there is nothing to promote into. Only
+            # the reads a tier served are marked (NOTE[cold-past-ram]).
+            layered = len(self.tiers) > 1
+            again = self._read_before.peek(ids) if layered else []
             pending = self._read_tiers(again, keys, fingerprints, buffers, leases, defer_verify)
+            if layered:
+                missed = set(pending)
+                self._read_before.mark([s for i, s in enumerate(ids) if i not in missed])
             if pending:
                 self._fill_from_source(ids, keys, fingerprints, pending, buffers, writes)
         except BaseException:

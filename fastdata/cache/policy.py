@@ -54,7 +54,9 @@ class ReadBefore:
     256 x 100 KiB records (issue 21 item 5) and buys nothing unless the process reads the
     record again, and an LMDB hit on a hot page cache is already a memory read. So the
     chain writes a lower tier's hit up only when this filter says the id was read before:
-    a process's second epoch fills the RAM tier, its third reads from it. The bits take
+    a process's second epoch fills the RAM tier, its third reads from it. Only reads a
+    tier served count (NOTE[cold-past-ram] in ``chain.py``): a record read from the source
+    is not in the RAM tier, and its first read from LMDB is its first read here. The bits take
     ``num_samples / 8`` bytes (12.5 MB for 100 M samples), allocated on the first call.
     Concurrent callers may lose a bit to a race; that only delays a promotion by a read.
     """
@@ -75,6 +77,13 @@ class ReadBefore:
         Raises:
             ConfigError: An id is outside ``0..num_samples - 1``.
         """
+        return self._look(ids, mark=True)
+
+    def peek(self, ids: Sequence[int]) -> list[bool]:
+        """What :meth:`mark` would return, marking nothing."""
+        return self._look(ids, mark=False)
+
+    def _look(self, ids: Sequence[int], *, mark: bool) -> list[bool]:
         if not len(ids):
             return []
         where = np.asarray(ids, dtype=np.int64)
@@ -87,7 +96,8 @@ class ReadBefore:
         _, first = np.unique(where, return_index=True)
         repeat = np.ones(len(where), dtype=bool)
         repeat[first] = False
-        np.bitwise_or.at(self._bits, byte, bit)
+        if mark:
+            np.bitwise_or.at(self._bits, byte, bit)
         out: list[bool] = (before | repeat).tolist()
         return out
 

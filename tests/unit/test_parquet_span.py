@@ -224,5 +224,5 @@ def test_a_row_past_the_row_group_is_an_error_naming_it() -> None:
 
     data, meta = _file()
     reader = pq.ParquetFile(pa.BufferReader(data), metadata=meta)
-    with pytest.raises(OSError, match="row 1000 asked for.*1000 rows"):
+    with pytest.raises(OSError, match=r"row 1000 asked for.*1000 rows"):
         list(pieces_of(reader, 0, ["x"], np.array([3, 1000])))
