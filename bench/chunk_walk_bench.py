@@ -19,7 +19,7 @@ from decode_bench import add_smoke_flags, write_settings_json  # a sibling scrip
 
 from fastdata.index import SampleIndex, save_index
 from fastdata.layouts import ROW_DTYPE
-from fastdata.layouts.ranges import CHUNK_BYTES
+from fastdata.layouts.chunks import CHUNK_BYTES
 from fastdata.plan import WALK_CHUNKS, EpochOrder, PlanConfig, epoch_order
 from fastdata.store import ObjectInfo
 

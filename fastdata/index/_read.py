@@ -3,8 +3,8 @@
 :func:`plan_units` groups byte ranges into the units one ``Store.get_many`` fetches;
 :class:`UnitReader` reads the samples of one saved table through its layout (what
 ``SampleIndex.read_samples`` runs), through the kept rows of shared ranges
-(NOTE[shared-ranges], NOTE[shard-chunks] in ``fastdata/layouts/ranges.py``) where the
-layout has them.
+(NOTE[shared-ranges] in ``fastdata/layouts/ranges.py``, NOTE[shard-chunks] in
+``chunks.py``) where the layout has them.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import functools
 import time
-from collections.abc import Sequence, Set
+from collections.abc import Iterator, Sequence, Set
 from dataclasses import replace
 from typing import Any
 
@@ -22,7 +22,8 @@ from fastdata.errors import CorruptRecordError, ObjectChangedError
 from fastdata.index._manifest import row_crcs
 from fastdata.layouts import Layout, Sample
 from fastdata.layouts.base import UnitView, corrupt
-from fastdata.layouts.ranges import CHUNK_STOP_RATIO, ROW_OVERHEAD_BYTES, SharedRanges
+from fastdata.layouts.chunks import CHUNK_STOP_RATIO
+from fastdata.layouts.ranges import ROW_OVERHEAD_BYTES, SharedRanges
 from fastdata.layouts.table import SampleTable
 from fastdata.store import ByteRange, Store
 
@@ -256,8 +257,42 @@ class UnitReader:
         distinct = np.unique(ids)
         range_of = np.searchsorted(self.range_starts(), distinct, side="right") - 1
         fetch = functools.partial(self._fetch_ranges, store, set(distinct.tolist()))
-        got = self.shared.read(distinct.tolist(), range_of.tolist(), fetch)
+        lazy = None
+        if self.identical and callable(getattr(self.layout, "decode_pieces", None)):
+            lazy = functools.partial(self._fetch_lazy, store)  # NOTE[lazy-ranges]
+        got = self.shared.read(distinct.tolist(), range_of.tolist(), fetch, lazy)
         return [got[i] for i in ids.tolist()]
+
+    def _fetch_lazy(
+        self, store: Store, rids: list[int]
+    ) -> dict[int, tuple[Iterator[dict[int, tuple[Any, int]]], int, int]]:
+        """Fetch whole shared ranges (row groups) in one ``get_many``, decoding nothing:
+        ``{range id: (its rows a piece at a time, rows, estimated bytes as kept)}``
+        (NOTE[lazy-ranges])."""
+        starts = self.range_starts()
+        total = len(self.table)
+        lengths = self.table.rows["length"]
+        bounds = [
+            (int(starts[r]), int(starts[r + 1]) if r + 1 < len(starts) else total) for r in rids
+        ]
+        every = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in bounds])
+        result: dict[int, tuple[Iterator[dict[int, tuple[Any, int]]], int, int]] = {}
+        for _, unit in self._fetch_units(store, every):
+            range_of = np.searchsorted(starts, unit.sample_ids, side="right") - 1
+            for rid in np.unique(range_of).tolist():
+                sel = np.flatnonzero(range_of == rid)
+                part = replace(unit, rows=unit.rows[sel], sample_ids=unit.sample_ids[sel])
+                share = int(lengths[int(part.sample_ids[0])]) // len(sel)
+                kept = len(sel) * (share + ROW_OVERHEAD_BYTES)
+                result[rid] = (self._pieces(part, share), len(sel), kept)
+        return result
+
+    def _pieces(self, unit: UnitView, share: int) -> Iterator[dict[int, tuple[Any, int]]]:
+        """A unit's rows a piece at a time, ``{sample id: (sample, estimated bytes)}``."""
+        decode = self.layout.decode_pieces  # type: ignore[attr-defined]
+        for where, samples in decode(unit):
+            ids = unit.sample_ids[where].tolist()
+            yield {sid: (sample, share) for sid, sample in zip(ids, samples, strict=True)}
 
     def _read_units(
         self,
@@ -277,6 +312,26 @@ class UnitReader:
             wanted: When given, the ids the caller asked for: a sample outside them that
                 does not decode is returned as ``None`` instead of failing the read.
         """
+        out: list[Sample | None] = [None] * len(ids)
+        for members, unit in self._fetch_units(store, ids, chunk_of):
+            decoded: Sequence[Sample | None]
+            try:
+                decoded = self.layout.decode_unit(unit)
+            except CorruptRecordError:
+                if wanted is None:
+                    raise
+                decoded = self._decode_each(unit, wanted)
+            for i, sample in zip(members.tolist(), decoded, strict=True):
+                out[i] = sample
+        # The units partition the ids, so every slot was filled above (a sample left
+        # ``None`` is one of a chunk's that nobody asked for and that does not decode).
+        return out  # type: ignore[return-value]
+
+    def _fetch_units(
+        self, store: Store, ids: np.ndarray, chunk_of: np.ndarray | None = None
+    ) -> list[tuple[np.ndarray, UnitView]]:
+        """Fetch the units of ``ids`` in one ``get_many``, each checked against its
+        manifest's CRC32Cs where it has them: ``(positions in ids, unit)`` per unit."""
         rows = self.table.rows[ids]
         start, end = self.layout.fetch_spans(rows)
         if chunk_of is None:
@@ -295,25 +350,14 @@ class UnitReader:
             self.shared.arrived()
         order = np.argsort(unit_of, kind="stable")
         bounds = np.searchsorted(unit_of[order], np.arange(len(requests) + 1))
-        out: list[Sample | None] = [None] * len(ids)
+        units: list[tuple[np.ndarray, UnitView]] = []
         for u, (req, raw) in enumerate(zip(requests, buffers, strict=True)):
             members = order[bounds[u] : bounds[u + 1]]
             span = (int(unit_obj[u]), int(unit_start[u]), int(unit_end[u]))
             if self._crcs is not None:
                 raw = self._verified(store, req, raw, rows[members], ids[members])
-            unit = self._unit(span, req, raw, rows[members], ids[members])
-            decoded: Sequence[Sample | None]
-            try:
-                decoded = self.layout.decode_unit(unit)
-            except CorruptRecordError:
-                if wanted is None:
-                    raise
-                decoded = self._decode_each(unit, wanted)
-            for i, sample in zip(members.tolist(), decoded, strict=True):
-                out[i] = sample
-        # The units partition the ids, so every slot was filled above (a sample left
-        # ``None`` is one of a chunk's that nobody asked for and that does not decode).
-        return out  # type: ignore[return-value]
+            units.append((members, self._unit(span, req, raw, rows[members], ids[members])))
+        return units
 
     def _get(self, store: Store, requests: list[ByteRange], objs: Sequence[int]) -> list[Any]:
         """Read ``requests`` (of objects ``objs``); a layout with ``span_buffer`` (Parquet)

@@ -17,7 +17,7 @@ fetched range that a call did not ask for until they are asked for (NOTE[shared-
 ``fastdata/layouts/ranges.py``), and the epoch plan walks such ranges as its shards.
 A layout of disjoint rows may say ``chunk_bytes = N`` instead: its rows are then read in
 chunks of about ``N`` bytes of consecutive samples, treated as shared ranges
-(NOTE[shard-chunks] in ``fastdata/layouts/ranges.py``).
+(NOTE[shard-chunks] in ``fastdata/layouts/chunks.py``).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import contextlib
 import io
 import mmap
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
@@ -389,10 +389,20 @@ class ParquetLayout:
 
     def decode_unit(self, unit: UnitView) -> list[Sample]:
         """Read each touched row group from the fetched span and pick the rows."""
+        out: list[Sample | None] = [None] * len(unit.rows)
+        for where, samples in self.decode_pieces(unit):
+            for i, sample in zip(where.tolist(), samples, strict=True):
+                out[i] = sample
+        return [s for s in out if s is not None]
+
+    def decode_pieces(self, unit: UnitView) -> Iterator[tuple[np.ndarray, list[dict[str, Any]]]]:
+        """The unit's samples a piece at a time (NOTE[parquet-pieces], NOTE[lazy-ranges]):
+        ``(where, samples)``, ``samples[k]`` being the sample of ``unit.rows[where[k]]``,
+        row groups in the order of their offsets, rows in row order. Nothing is decoded
+        before the first ``next``, and each piece only when it is asked for."""
         meta = self._meta(unit)
         source = open_span(unit.size, unit.start, unit.view, unit.path)
         reader = pq.ParquetFile(source, metadata=meta.metadata)
-        out: list[Sample | None] = [None] * len(unit.rows)
         offsets = unit.rows["offset"]
         for start in np.unique(offsets).tolist():
             picked = np.flatnonzero(offsets == start)
@@ -401,17 +411,23 @@ class ParquetLayout:
             if group is None:
                 raise corrupt(unit.path, start, "no row group starts here", sample_id=first_id)
             rows = unit.rows["aux"][picked].astype(np.int64)
-            try:
-                for where, piece, at_rows in pieces_of(reader, group, meta.columns, rows):
+            pieces = pieces_of(reader, group, meta.columns, rows)
+            while True:
+                try:
+                    found = next(pieces, None)
+                    if found is None:
+                        break
+                    where, piece, at_rows = found
                     at = (unit.sample_ids[picked[where]], at_rows)
                     samples = self._samples(piece, meta.outputs, unit.path, group, at)
-                    for i, sample in zip(picked[where].tolist(), samples, strict=True):
-                        out[i] = sample
-            except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
-                raise corrupt(
-                    unit.path, start, f"row group {group} is unreadable ({exc})", sample_id=first_id
-                ) from exc
-        return [s for s in out if s is not None]
+                except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
+                    raise corrupt(
+                        unit.path,
+                        start,
+                        f"row group {group} is unreadable ({exc})",
+                        sample_id=first_id,
+                    ) from exc
+                yield picked[where], samples
 
     def _samples(
         self,

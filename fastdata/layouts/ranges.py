@@ -17,18 +17,8 @@ fetched again when asked for. When dropping outpaces serving (a cold ``shuffle="
 epoch over more data than the budget), keeping is switched off for the process, with one
 warning, so that a random order does not decode whole row groups for nothing.
 
-NOTE[shard-chunks]: packed and tar shards have no shared ranges of their own, but reading
-them a sample at a time costs a request per sample, bounded by the store's per-request
-ceiling rather than by its range ceiling (issue 15: 373 GETs for a cold epoch of 400
-samples in 8 shards). A layout that says ``chunk_bytes = CHUNK_BYTES`` (a class attribute)
-is read in *chunks*: runs of consecutive samples of one object whose first bytes lie in
-the same ``chunk_bytes``-aligned window of the object (``SampleIndex._ranges``), a sample
-larger than ``chunk_bytes`` being a chunk of its own, so a chunk never splits a sample and
-spans at most twice ``chunk_bytes`` (or its one large sample). The index
-treats a chunk like a row group: it fetches the whole chunk in one ranged GET, decodes
-every sample of it and keeps the ones not asked for here, and the default shuffle walks
-chunks (NOTE[row-group-walk] in ``fastdata/spec.py``). Only the *read* depends on what is
-kept; the order never does.
+The fetch chunks of packed and tar shards are shared ranges too (NOTE[shard-chunks] in
+``chunks.py``).
 
 NOTE[range-readahead]: with one call in flight per batch, a cold walk of chunks (or row
 groups) keeps the store busy only part of the time: a batch fetches the ranges it needs
@@ -50,13 +40,24 @@ whose wait became the whole window's (2.9 s for the first batch with shuffle off
 range counts as in flight only until its bytes arrive (the fetch calls
 :meth:`SharedRanges.arrived` before it decodes them): before, the next 100 MB row group's
 fetch waited for the previous one's decode, so fetch and decode never overlapped (issue
-21). A
-readahead that fails only gives up its claims: the batch that needs the range fetches
-it itself and sees its own error. Readahead is optional: a thread that
-cannot start (the process's thread limit) costs the read nothing, and readahead threads
-that gave up waiting for room leave the plan to be started again by the next miss. Rows
-a plan fetched for samples the cache already held (a partly warm epoch) are dropped like
+21). A readahead that fails only gives up its claims: the batch that needs the range
+fetches it itself and sees its own error. Readahead is optional: a thread that cannot
+start (the process's thread limit) costs the read nothing, and readahead threads that
+gave up waiting for room leave the plan to be started again by the next miss. Rows a
+plan fetched for samples the cache already held (a partly warm epoch) are dropped like
 any unread rows.
+
+NOTE[lazy-ranges]: a row group's rows decode a piece at a time (NOTE[parquet-pieces]), and
+a batch asks for a few of them: decoding all 1,000 rows of a 100 MB row group before
+handing out the first 256 made a cold epoch's first batch wait for the whole decode
+(issue 21: 0.2-1.6 s of it on this project's machine). A read given ``lazy`` fetches the
+ranges it must fetch without decoding them, and keeps each range's undecoded rest as an
+iterator of pieces (``_Range.more``): whoever needs a row that is not decoded yet decodes
+pieces, in row order, until it is (one thread at a time per range, ``_Range.driving``),
+and keeps the other rows of those pieces as usual. The budget counts the rest at its
+estimated size until it is decoded. A piece that fails to decode ends the rest: the rows
+it held are fetched again, decoded eagerly by the reads that ask for them, which then see
+the error only for the rows it concerns. Readahead decodes eagerly, on its own threads.
 """
 
 from __future__ import annotations
@@ -64,15 +65,14 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastdata._fork import reset_in_forked_child
+from fastdata.layouts.chunks import CHUNK_BYTES
 
 __all__ = [
-    "CHUNK_BYTES",
-    "CHUNK_STOP_RATIO",
     "READAHEAD_RANGES",
     "ROW_OVERHEAD_BYTES",
     "SHARED_RANGE_BYTES",
@@ -83,15 +83,6 @@ logger = logging.getLogger(__name__)
 
 SHARED_RANGE_BYTES = 1024**3
 """Default budget of the rows kept per index and process."""
-CHUNK_BYTES = 8 * 1024**2
-"""Fetch chunk of packed and tar shards (NOTE[shard-chunks]): the range size at which the
-store reaches its throughput ceiling (``fastdata bench``'s 8 MiB-range limit)."""
-CHUNK_STOP_RATIO = 4.0
-"""``stop_ratio`` of chunks: fetching a whole chunk for the few rows a process reads of it
-pays while the range ceiling over the per-request ceiling (about 5 to 6 for 100 KiB
-samples in issue 15's runs) exceeds the bytes fetched per byte read. DataLoader worker
-processes each read 1/K of a window's rows (K - 1 dropped per row read), as does a cache
-that already holds most samples; beyond 4 a chunk's rows are read one by one instead."""
 ROW_OVERHEAD_BYTES = 256
 """Added to each kept row's estimate (the dict and its Python objects)."""
 _MIN_DROPPED_TO_STOP = 64
@@ -115,6 +106,11 @@ decodes, so the next one is fetched during the decode."""
 
 Fetch = Callable[[list[int]], dict[int, dict[int, tuple[Any, int]]]]
 """Fetches whole ranges: ``{range id: {sample id: (sample, estimated bytes)}}``."""
+Rows = dict[int, tuple[Any, int]]
+Lazy = Callable[[list[int]], dict[int, tuple[Iterator[Rows], int, int]]]
+"""Fetches whole ranges without decoding them (NOTE[lazy-ranges]): ``{range id: (pieces,
+rows, estimated bytes as kept)}``, ``pieces`` yielding ``{sample id: (sample, estimated
+bytes)}`` a piece at a time, in row order, ``rows`` rows in all."""
 
 
 @dataclass
@@ -123,6 +119,14 @@ class _Range:
     """Kept samples and their estimated bytes, by sample id."""
     nbytes: int = 0
     ready: threading.Event = field(default_factory=threading.Event)
+    more: Iterator[Rows] | None = None
+    """The rows not decoded yet, a piece per ``next`` (NOTE[lazy-ranges])."""
+    pending: int = 0
+    """Estimated bytes of the rows ``more`` holds, counted in the budget."""
+    left: int = 0
+    """Rows ``more`` holds."""
+    driving: threading.Lock = field(default_factory=threading.Lock)
+    """Held by the thread that decodes ``more``."""
 
 
 class SharedRanges:
@@ -217,6 +221,7 @@ class SharedRanges:
         sample_ids: Sequence[int],
         range_of: Sequence[int],
         fetch: Fetch,
+        lazy: Lazy | None = None,
     ) -> dict[int, Any]:
         """The samples of ``sample_ids``, from kept rows or by fetching their ranges.
 
@@ -225,6 +230,8 @@ class SharedRanges:
             range_of: The range id of each.
             fetch: Fetches whole ranges: range ids in, ``{range id: {sample id:
                 (sample, estimated bytes)}}`` for every row of those ranges out.
+            lazy: Fetches whole ranges without decoding them (NOTE[lazy-ranges]); the
+                ranges this read fetches are then decoded only as far as it needs.
 
         Returns:
             ``{sample id: sample}`` for every id asked for.
@@ -234,6 +241,7 @@ class SharedRanges:
         for sid, rid in zip(sample_ids, range_of, strict=True):
             want.setdefault(rid, []).append(sid)
         mine: list[int] = []
+        again: list[int] = []
         waits: list[tuple[int, _Range]] = []
         with self._lock:
             self._done.update(want)
@@ -243,10 +251,10 @@ class SharedRanges:
                     if self.keeping:
                         self._ranges[rid] = _Range()
                     mine.append(rid)
-                elif not kept.ready.is_set():
+                elif not kept.ready.is_set() or kept.more is not None:
                     waits.append((rid, kept))
-                elif self._take(rid, kept, sids, out):
-                    mine.append(rid)  # some rows were read before: fetch the range again
+                elif self._take(rid, kept, sids, out):  # some were read: fetch it again
+                    (mine if lazy is None else again).append(rid)
             start = self._arm()
             demand = sum(self._sizes.get(rid, 0) for rid in mine)
             self._demand_bytes += demand
@@ -254,16 +262,109 @@ class SharedRanges:
             self._start_ahead(start)
             if mine:
                 self._local.pending = ("_demand_bytes", demand)
-                self._fill(mine, want, fetch, out)
+                if lazy is None:
+                    self._fill(mine, want, fetch, out)
+                else:
+                    again += self._fill_lazy(mine, want, lazy, out)
         finally:
             self._settle("_demand_bytes", demand)
+        if again:
+            self._fill(again, want, fetch, out, keep=False)
         for rid, kept in waits:
             kept.ready.wait(_WAIT_S)
-            with self._lock:
-                again = self._take(rid, kept, want[rid], out)
-            if again:
+            if self._drive(rid, kept, want[rid], out):
                 self._fill([rid], want, fetch, out, keep=False)
         return out
+
+    def _fill_lazy(
+        self, rids: list[int], want: dict[int, list[int]], lazy: Lazy, out: dict[int, Any]
+    ) -> list[int]:
+        """Fetch ``rids`` without decoding them and decode each as far as ``want`` needs
+        (NOTE[lazy-ranges]); a claimed range becomes ready for other reads only then, so
+        its first rows are this read's. A range not kept (another read claimed it, or
+        keeping is off) is this read's alone. The ranges still missing rows."""
+        try:
+            fetched = lazy(rids)
+        except BaseException:
+            with self._lock:
+                for rid in rids:
+                    self._release(rid)
+            raise
+        ranges: list[tuple[int, _Range]] = []
+        with self._lock:
+            for rid in rids:
+                pieces, count, nbytes = fetched[rid]
+                kept = self._ranges.get(rid)
+                if kept is None or kept.ready.is_set() or not self.keeping:
+                    self._release(rid)
+                    kept = _Range()  # this read's only: the rows it does not want go
+                else:
+                    self._bytes += nbytes
+                kept.more, kept.left, kept.pending = pieces, count, nbytes
+                ranges.append((rid, kept))
+            self._shrink()
+        again: list[int] = []
+        try:
+            for rid, kept in ranges:
+                if self._drive(rid, kept, want[rid], out):
+                    again.append(rid)
+                self._ready(rid, kept)
+        finally:
+            for rid, kept in ranges:
+                self._ready(rid, kept)
+        return again
+
+    def _ready(self, rid: int, kept: _Range) -> None:
+        """Let other reads at a range: forgotten at once when it holds nothing more."""
+        with self._lock:
+            kept.ready.set()
+            if self._ranges.get(rid) is kept and not kept.rows and kept.more is None:
+                del self._ranges[rid]
+                self._bytes -= kept.nbytes
+            self._room.notify_all()
+
+    def _drive(self, rid: int, kept: _Range, sids: list[int], out: dict[int, Any]) -> bool:
+        """Move ``sids`` of a ready range into ``out``, decoding more of its rows while
+        some are missing and it has more (NOTE[lazy-ranges]); True if some are still
+        missing (the caller fetches the range again)."""
+        with kept.driving:
+            while True:
+                with self._lock:
+                    missing = self._take(rid, kept, sids, out)
+                    more = kept.more
+                if not missing or more is None:
+                    return missing
+                try:
+                    piece = next(more, None)
+                except Exception:  # the fetch again raises it for the rows it concerns
+                    logger.debug("decoding %s %d failed", self.kind, rid, exc_info=True)
+                    piece = None
+                with self._lock:
+                    self._add(rid, kept, piece)
+
+    def _add(self, rid: int, kept: _Range, piece: Rows | None) -> None:
+        """Keep the rows of a decoded piece, or end the rest on None (lock held)."""
+        tracked = self._ranges.get(rid) is kept
+        if piece is not None:
+            kept.left -= len(piece)
+            for sid, (sample, nbytes) in piece.items():
+                cost = nbytes + ROW_OVERHEAD_BYTES
+                kept.rows[sid] = (sample, cost)
+                kept.nbytes += cost
+                counted = min(kept.pending, cost)
+                kept.pending -= counted
+                if tracked:
+                    self._bytes += cost - counted
+        if piece is None or kept.left <= 0:
+            kept.more = None
+            if tracked:
+                self._bytes -= kept.pending
+            kept.pending = 0
+            if tracked and not kept.rows and kept.ready.is_set():
+                del self._ranges[rid]
+                self._bytes -= kept.nbytes
+        if tracked:
+            self._shrink()
 
     def _start_ahead(self, count: int) -> None:
         """Start ``count`` readahead threads (counted by :meth:`_arm`); one that cannot
@@ -400,8 +501,10 @@ class SharedRanges:
             self._armed = False
 
     def _take(self, rid: int, kept: _Range, sids: list[int], out: dict[int, Any]) -> bool:
-        """Move ``sids`` out of ``kept`` into ``out`` (lock held); True if any is missing."""
+        """Move ``sids`` out of ``kept`` into ``out`` (lock held); True if any is missing.
+        Only a range still kept counts in the budget (a dropped one was uncounted)."""
         missing = False
+        tracked = self._ranges.get(rid) is kept
         for sid in sids:
             if sid in out:
                 continue
@@ -411,9 +514,10 @@ class SharedRanges:
                 continue
             out[sid] = item[0]
             kept.nbytes -= item[1]
-            self._bytes -= item[1]
+            if tracked:
+                self._bytes -= item[1]
             self.served += 1
-        if not kept.rows and kept.ready.is_set() and self._ranges.get(rid) is kept:
+        if tracked and not kept.rows and kept.ready.is_set() and kept.more is None:
             del self._ranges[rid]
             self._bytes -= kept.nbytes
         self._room.notify_all()
@@ -473,7 +577,7 @@ class SharedRanges:
             if oldest is None:
                 return
             kept = self._ranges.pop(oldest)
-            self._bytes -= kept.nbytes
+            self._bytes -= kept.nbytes + kept.pending
             self.dropped += len(kept.rows)
         if (
             self.keeping

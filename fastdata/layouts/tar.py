@@ -88,7 +88,7 @@ from fastdata.layouts.base import (
     empty_rows,
     scan_with_reuse,
 )
-from fastdata.layouts.ranges import CHUNK_BYTES
+from fastdata.layouts.chunks import CHUNK_BYTES
 from fastdata.store import ObjectInfo, Store, glob_to_regex
 
 __all__ = [

@@ -1,7 +1,7 @@
 """Cold epochs read packed and tar shards as shards, on the real S3 server (SeaweedFS).
 
 Whatever the shuffle, a cold epoch fetches each shard in a few large ranges (its fetch
-chunks, NOTE[shard-chunks] in ``fastdata/layouts/ranges.py``), never a request per sample, and
+chunks, NOTE[shard-chunks] in ``fastdata/layouts/chunks.py``), never a request per sample, and
 delivers every sample exactly once and byte-identical.
 """
 

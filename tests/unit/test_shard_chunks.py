@@ -1,6 +1,6 @@
 """Fetch chunks of packed and tar shards and the chunk walk of the default shuffle.
 
-NOTE[shard-chunks] (``fastdata/layouts/ranges.py``): a chunk is a run of consecutive
+NOTE[shard-chunks] (``fastdata/layouts/chunks.py``): a chunk is a run of consecutive
 samples of one object whose first bytes lie in one ``chunk_bytes``-aligned window; the
 default shuffle walks chunks (NOTE[row-group-walk]), and the order is a function of the
 saved index alone.
@@ -15,7 +15,7 @@ import pytest
 
 from fastdata.index import SampleIndex, open_index, save_index
 from fastdata.layouts import ROW_DTYPE, ShardBuilder
-from fastdata.layouts.ranges import CHUNK_BYTES
+from fastdata.layouts.chunks import CHUNK_BYTES
 from fastdata.plan import WALK_CHUNKS, EpochPlan, PlanConfig, epoch_order
 from fastdata.store import ObjectInfo, Store
 
