@@ -123,10 +123,8 @@ class _Range:
     """The rows not decoded yet, a piece per ``next`` (NOTE[lazy-ranges])."""
     pending: int = 0
     """Estimated bytes of the rows ``more`` holds, counted in the budget."""
-    left: int = 0
-    """Rows ``more`` holds."""
-    driving: threading.Lock = field(default_factory=threading.Lock)
-    """Held by the thread that decodes ``more``."""
+    left: int = 0  # rows ``more`` holds
+    driving: threading.Lock = field(default_factory=threading.Lock)  # held to decode ``more``
 
 
 class SharedRanges:
