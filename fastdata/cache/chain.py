@@ -369,7 +369,14 @@ class ReadThroughCache:
         leases: list[Lease],
         defer_verify: bool,
     ) -> list[int]:
-        pending = list(range(len(keys)))
+        # NOTE[write-behind]: a record still queued is served from the queue, which is read
+        # first: the writer drops a record from it only once the tiers hold it, so a read
+        # of the tiers after the queue cannot miss both (read after them, a record the
+        # writer committed in between was read from the source again).
+        queued = self._writeback.lookup(keys, fingerprints)
+        for i, buf in queued.items():
+            buffers[i] = buf
+        pending = [i for i in range(len(keys)) if i not in queued]
         for level, tier in enumerate(self.tiers):
             if not pending:
                 break
@@ -396,13 +403,6 @@ class ReadThroughCache:
                 for upper in self.tiers[:level] if items else ():
                     upper.put_many(items)
             pending = still
-        if pending:  # NOTE[write-behind]: a record still queued is served from the queue
-            queued = self._writeback.lookup(
-                [keys[i] for i in pending], [fingerprints[i] for i in pending]
-            )
-            for j, buf in queued.items():
-                buffers[pending[j]] = buf
-            pending = [i for j, i in enumerate(pending) if j not in queued]
         return pending
 
     def _fill_from_source(

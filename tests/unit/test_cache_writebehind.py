@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
 from fastdata.cache import LmdbTier, RamTier, ReadThroughCache
-from fastdata.cache.tier import CacheItem
+from fastdata.cache.tier import CacheItem, Lease
 from fastdata.config import CacheConfig
 from fastdata.errors import ConfigError
 from tests.contracts.tier_contract import FakeSource
@@ -185,3 +185,43 @@ def test_flush_checks_its_timeout(tmp_path: Path) -> None:
 def test_writeback_bytes_must_not_be_negative() -> None:
     with pytest.raises(ConfigError, match="writeback_bytes"):
         CacheConfig(writeback_bytes=-1)
+
+
+class RacingTier(BlockingTier):
+    """A tier whose lookup misses, then lets the writer commit and drop the queued record
+    before the miss returns: the window between the two that a read must not fall into."""
+
+    def __init__(self, config: CacheConfig) -> None:
+        super().__init__(config)
+        self.after_miss: Callable[[], None] | None = None
+
+    def get_many(
+        self, keys: Sequence[bytes], fingerprints: Sequence[bytes], *, defer_verify: bool = False
+    ) -> Lease:
+        lease = super().get_many(keys, fingerprints, defer_verify=defer_verify)
+        hook, self.after_miss = self.after_miss, None
+        if hook is not None and any(b is None for b in lease.buffers):
+            hook()
+        return lease
+
+
+def test_a_record_written_between_the_tier_read_and_the_queue_read_is_not_read_again(
+    tmp_path: Path,
+) -> None:
+    """CI saw 204 source reads for 203 samples over two epochs: a second read missed the
+    tier (not committed yet), then missed the queue (the writer had committed and dropped
+    it in between), and read the source again. The queue is read before the tiers now."""
+    source = FakeSource(10)
+    tier = RacingTier(_config(tmp_path))
+    with ReadThroughCache([tier], source, config=_config(tmp_path)) as cache:
+        assert _read(cache, [0, 1, 2]) == [source.expected(i) for i in range(3)]
+        assert tier.entered.wait(30)  # the writer holds the three records, blocked
+
+        def commit() -> None:
+            tier.release.set()
+            assert cache.flush(timeout_s=30)
+
+        tier.after_miss = commit
+        assert _read(cache, [0, 1, 2]) == [source.expected(i) for i in range(3)]
+        assert source.reads == 1
+        assert cache.stats().source_samples == 3
