@@ -10,7 +10,9 @@ done by one background thread, so delivery never waits for it. The protocol:
   for room, and the disk never sets the pace of delivery).
 * Until its write returns, a queued record is in the pending map, and
   :meth:`WriteBehind.lookup` serves it to a later read of the same key in this process
-  (a warm second epoch stays warm even before the writer caught up).
+  (a warm second epoch stays warm even before the writer caught up). A read asks the
+  queue before the tiers: a record leaves the pending map only after the tiers hold it,
+  so no read misses both.
 * An error of a tier's ``put_many`` is logged and counted (``writeback_errors``); it never
   reaches a reader, and the records of that batch are not written to that tier (the next
   read of them reads the source again: correct, only slower).
