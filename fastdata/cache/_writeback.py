@@ -10,9 +10,11 @@ done by one background thread, so delivery never waits for it. The protocol:
   for room, and the disk never sets the pace of delivery).
 * Until its write returns, a queued record is in the pending map, and
   :meth:`WriteBehind.lookup` serves it to a later read of the same key in this process
-  (a warm second epoch stays warm even before the writer caught up). A read asks the
-  queue before the tiers: a record leaves the pending map only after the tiers hold it,
-  so no read misses both.
+  (a warm second epoch stays warm even before the writer caught up). A record leaves the
+  pending map only after the tiers hold it, and a read asks the tiers, then the queue: a
+  record queued before the tier read, gone from the queue after it and admitted by every
+  tier (``landed``, the last ``_LANDED_KEYS`` keys) is read from the tiers once more, so
+  a read never misses a record in flight from the queue to the tiers.
 * An error of a tier's ``put_many`` is logged and counted (``writeback_errors``); it never
   reaches a reader, and the records of that batch are not written to that tier (the next
   read of them reads the source again: correct, only slower).
@@ -44,7 +46,7 @@ _log = logging.getLogger(__name__)
 class _Queue:
     """The state the writer thread shares with submitters; it never names the cache."""
 
-    __slots__ = ("busy", "cond", "items", "pending", "queued_bytes", "stopping")
+    __slots__ = ("busy", "cond", "items", "landed", "pending", "queued_bytes", "stopping")
 
     def __init__(self) -> None:
         self.cond = threading.Condition(threading.Lock())
@@ -53,6 +55,11 @@ class _Queue:
         self.queued_bytes = 0
         self.busy = False
         self.stopping = False
+        self.landed: dict[bytes, None] = {}
+        """Keys of the last records every tier admitted, oldest first (NOTE[write-behind])."""
+
+
+_LANDED_KEYS = 65536
 
 
 def _nbytes(items: Sequence[CacheItem]) -> int:
@@ -75,11 +82,13 @@ def _write(queue: _Queue, tiers: list[Tier], stats: StatsRecorder) -> None:
             batch = queue.items.popleft()
             queue.busy = True
         errors = 0
+        landed = True
         for tier in tiers:
             try:
-                tier.put_many(batch)
+                landed &= tier.put_many(batch) == len(batch)
             except Exception:  # NOTE[write-behind]: logged and counted, never raised
                 errors += 1
+                landed = False
                 _log.exception(
                     "write-behind of %d record(s) into %r failed; they are read from the "
                     "source again when asked for",
@@ -88,6 +97,11 @@ def _write(queue: _Queue, tiers: list[Tier], stats: StatsRecorder) -> None:
                 )
         stats.add(writeback_records=len(batch), writeback_errors=errors)
         with cond:
+            if landed:  # before they leave: a reader that sees them gone sees this
+                for item in batch:
+                    queue.landed[item.key] = None
+                while len(queue.landed) > _LANDED_KEYS:
+                    del queue.landed[next(iter(queue.landed))]
             for item in batch:
                 if queue.pending.get(item.key) is item:
                     del queue.pending[item.key]
@@ -141,6 +155,19 @@ class WriteBehind:
                 queue.pending[item.key] = item
             queue.cond.notify_all()
         return True
+
+    def queued(self, keys: Sequence[bytes]) -> set[int]:
+        """Indices of ``keys`` queued now (NOTE[write-behind]: asked before a tier read)."""
+        queue = self._queue
+        if not queue.pending:  # a racy peek, as in lookup
+            return set()
+        with queue.cond:
+            return {i for i, key in enumerate(keys) if key in queue.pending}
+
+    def landed(self, keys: Sequence[bytes]) -> list[bool]:
+        """Whether every tier admitted each key's record since it was queued (recently)."""
+        with self._queue.cond:
+            return [key in self._queue.landed for key in keys]
 
     def lookup(self, keys: Sequence[bytes], fingerprints: Sequence[bytes]) -> dict[int, Any]:
         """Index -> record for the keys still queued (with the same fingerprint)."""

@@ -48,6 +48,7 @@ write-behind thread.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -369,14 +370,37 @@ class ReadThroughCache:
         leases: list[Lease],
         defer_verify: bool,
     ) -> list[int]:
-        # NOTE[write-behind]: a record still queued is served from the queue, which is read
-        # first: the writer drops a record from it only once the tiers hold it, so a read
-        # of the tiers after the queue cannot miss both (read after them, a record the
-        # writer committed in between was read from the source again).
-        queued = self._writeback.lookup(keys, fingerprints)
-        for i, buf in queued.items():
-            buffers[i] = buf
-        pending = [i for i in range(len(keys)) if i not in queued]
+        before = self._writeback.queued(keys)
+        read = functools.partial(
+            self._read_each_tier, again, keys, fingerprints, buffers, leases, defer_verify
+        )
+        pending = read(list(range(len(keys))))
+        if pending:  # NOTE[write-behind]: a record still queued is served from the queue
+            queued = self._writeback.lookup(
+                [keys[i] for i in pending], [fingerprints[i] for i in pending]
+            )
+            for j, buf in queued.items():
+                buffers[pending[j]] = buf
+            pending = [i for j, i in enumerate(pending) if j not in queued]
+        moved = [i for i in pending if i in before]  # gone to the tiers since the tier read
+        landed = self._writeback.landed([keys[i] for i in moved]) if moved else []
+        moved = [i for i, ok in zip(moved, landed, strict=True) if ok]
+        if moved:
+            missed = set(read(moved))
+            pending = [i for i in pending if i not in moved or i in missed]
+        return pending
+
+    def _read_each_tier(
+        self,
+        again: list[bool],
+        keys: list[bytes],
+        fingerprints: list[bytes],
+        buffers: list[Any],
+        leases: list[Lease],
+        defer_verify: bool,
+        pending: list[int],
+    ) -> list[int]:
+        """Read ``pending`` from the tiers in order; what none of them holds."""
         for level, tier in enumerate(self.tiers):
             if not pending:
                 break
