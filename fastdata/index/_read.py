@@ -189,12 +189,8 @@ class UnitReader:
         """Fetch whole shared ranges: ``{range id: {sample id: (sample, bytes)}}``; a
         sample outside ``wanted`` that does not decode is left out (NOTE[shard-chunks]).
         A chunk's samples that other processes read are left out (NOTE[worker-share])."""
-        starts = self.range_starts()
-        total = len(self.table)
         lengths = self.table.rows["length"]
-        bounds = [
-            (int(starts[r]), int(starts[r + 1]) if r + 1 < len(starts) else total) for r in rids
-        ]
+        bounds = self._bounds(rids)
         if self.identical:  # a bad row fails only the reads that ask for it
             runs = [[bound] for bound in bounds]
             every = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in bounds])
@@ -223,6 +219,13 @@ class UnitReader:
                 pos += y - x
             result[rid] = rows
         return result
+
+    def _bounds(self, rids: list[int]) -> list[tuple[int, int]]:
+        """The sample ids ``[a, b)`` of each shared range ``rids``."""
+        starts, total = self.range_starts(), len(self.table)
+        return [
+            (int(starts[r]), int(starts[r + 1]) if r + 1 < len(starts) else total) for r in rids
+        ]
 
     def _own_runs(self, a: int, b: int, wanted: Set[int]) -> list[tuple[int, int]]:
         """The runs of chunk ``[a, b)`` to fetch: without the samples that other processes
@@ -270,12 +273,8 @@ class UnitReader:
         ``{range id: (its rows a piece at a time, rows, estimated bytes as kept)}``
         (NOTE[lazy-ranges])."""
         starts = self.range_starts()
-        total = len(self.table)
         lengths = self.table.rows["length"]
-        bounds = [
-            (int(starts[r]), int(starts[r + 1]) if r + 1 < len(starts) else total) for r in rids
-        ]
-        every = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in bounds])
+        every = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in self._bounds(rids)])
         result: dict[int, tuple[Iterator[dict[int, tuple[Any, int]]], int, int]] = {}
         for _, unit in self._fetch_units(store, every):
             range_of = np.searchsorted(starts, unit.sample_ids, side="right") - 1
