@@ -51,6 +51,8 @@ WRITE_BATCH_BYTES = 40 * 1024**2
 _NODE_BYTES = KEY_BYTES + 8  # a leaf node's key and its header
 _OVERFLOW_HEAD_BYTES = 16  # the page header in front of an overflow value
 _LEAF_SHARE_BYTES = 64  # the leaf node that points at a value on overflow pages
+_FIXED_PAGES = 4  # the two meta pages, and the main and meta databases' leaves
+_BRANCH_FANOUT = 64  # children per branch page of the records tree (at least)
 _MIN_READER_SLOTS = 126
 _READER_SLOT_BYTES = 64
 _LOCK_HEAD_BYTES = 8192
@@ -116,19 +118,28 @@ def room_bytes(
 def fit_budget(costs: np.ndarray, room: int, *, write_bytes: int = WRITE_BATCH_BYTES) -> int:
     """How many samples, taken in order, fit in ``room`` bytes of LMDB map.
 
-    ``costs`` are the samples' :func:`record_costs`. Besides their pages the tier keeps
-    free one page per record of a write for the leaf pages that write copies (up to the
-    number of leaf pages); that reserve, for a last write of ``write_bytes``, comes off
-    the room too.
+    ``costs`` are the samples' :func:`record_costs`. They cover the records; the tier's
+    admission check compares the pages really in use with the room, so the selection
+    also leaves out what the records' costs do not hold, however the writes are split
+    into commits (NOTE[lmdb-budget]): the meta pages and the other databases' leaves
+    (:data:`_FIXED_PAGES`), the records tree's branch pages, and leaves that in-order
+    inserts split half full (2x the node bytes, where :func:`value_cost` takes 3/2).
+    The tier also keeps free one page per record of a write for the leaf pages that
+    write copies (up to the number of tree pages); that, for a last write of
+    ``write_bytes`` that finds the rest already committed, comes off the room too.
     """
     if len(costs) == 0 or room <= 0:
         return 0
-    total = np.cumsum(costs, dtype=np.int64)
-    keep = int(np.searchsorted(total, room, side="right"))
-    if keep == 0:
-        return 0
-    leaf = np.where(costs < PAGE_BYTES, costs, _LEAF_SHARE_BYTES)[:keep]
-    tree_pages = int(leaf.sum()) // PAGE_BYTES + 2
-    per_write = max(1, write_bytes // max(1, int(total[keep - 1]) // keep))
-    reserve = PAGE_BYTES * min(keep, per_write, tree_pages)
-    return int(np.searchsorted(total, room - reserve, side="right"))
+    costs = np.asarray(costs, dtype=np.int64)
+    total = np.cumsum(costs)
+    small = costs < PAGE_BYTES
+    leaf_small = np.cumsum(np.where(small, costs, 0))
+    leaf_over = np.cumsum(np.where(small, 0, _LEAF_SHARE_BYTES))
+    leaf_pages = -(-(leaf_small * 4 // 3 + leaf_over) // PAGE_BYTES)  # half-full leaves
+    tree_pages = leaf_pages + leaf_pages // _BRANCH_FANOUT + 1
+    uncharged = _FIXED_PAGES + tree_pages - (leaf_small + leaf_over) // PAGE_BYTES
+    count = np.arange(1, len(costs) + 1, dtype=np.int64)
+    per_write = np.maximum(1, write_bytes // np.maximum(1, total // count))
+    copies = np.minimum(count, np.minimum(per_write, tree_pages))
+    need = np.maximum.accumulate(total + PAGE_BYTES * (uncharged + copies))
+    return int(np.searchsorted(need, room, side="right"))
