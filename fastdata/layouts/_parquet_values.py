@@ -72,19 +72,26 @@ def pieces_of(
 
 
 def raise_unmasked_null(
-    array: pa.Array[Any], name: str, path: str, group: int, at: tuple[np.ndarray, np.ndarray]
+    array: pa.Array[Any],
+    name: str,
+    path: str,
+    where: tuple[int, int],
+    at: tuple[np.ndarray, np.ndarray],
 ) -> None:
-    """A null in a field read without its mask: the first such row is a bad sample."""
+    """A null in a field read without its mask: the first such row is a bad sample.
+    ``where`` is the row group and its byte offset in the object (the error's offset)."""
     valid = np.asarray(array.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
     first = int(np.flatnonzero(~valid)[0])
     sample_id, row = int(at[0][first]), int(at[1][first])
+    group, start = where
     raise CorruptRecordError(
-        f"object {path!r}, row group {group}, row {row}: "
+        f"object {path!r}, row group {group} at byte {start}, row {row}: "
         f"column {name!r} is null (sample {sample_id}), and its footer statistics said "
         f"none or nothing when the index was built. Add {name + VALID_SUFFIX!r} to fields "
         "to read nulls (a bool that is False where the value is null), or skip such rows "
         "with on_error='skip'",
         sample_id=sample_id,
+        offset=start,
     )
 
 

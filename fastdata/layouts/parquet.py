@@ -419,7 +419,7 @@ class ParquetLayout:
                         break
                     where, piece, at_rows = found
                     at = (unit.sample_ids[picked[where]], at_rows)
-                    samples = self._samples(piece, meta.outputs, unit.path, group, at)
+                    samples = self._samples(piece, meta.outputs, unit.path, (group, start), at)
                 except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
                     raise corrupt(
                         unit.path,
@@ -434,21 +434,22 @@ class ParquetLayout:
         table: pa.Table | pa.RecordBatch,
         outputs: list[Output],
         path: str,
-        group: int,
+        where: tuple[int, int],
         at: tuple[np.ndarray, np.ndarray],
     ) -> list[dict[str, Any]]:
-        """The rows of ``table`` as samples (NOTE[parquet-nulls]); ``at`` gives each row's
-        sample id and its row in the row group, for the error of a null."""
+        """The rows of ``table`` as samples (NOTE[parquet-nulls]); ``where`` (the row group
+        and its byte offset) and ``at`` (each row's sample id and its row in the row
+        group) are for the error of a null."""
         masked = set(self.nulls or ())
         columns: dict[str, list[Any]] = {}
         for output in outputs:
             array = leaf_array(table, output)
             if array.null_count and output.name not in masked:
-                raise_unmasked_null(array, output.name, path, group, at)
+                raise_unmasked_null(array, output.name, path, where, at)
             if output.name in masked:
                 valid = np.asarray(array.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
                 columns[output.name + VALID_SUFFIX] = list(valid)
-            columns[output.name] = values_of(array, output.name, path, group)
+            columns[output.name] = values_of(array, output.name, path, where[0])
         names = sorted(columns)
         return [{name: columns[name][i] for name in names} for i in range(table.num_rows)]
 

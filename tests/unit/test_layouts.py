@@ -466,7 +466,7 @@ _PARQUET = _PARQUET_BUFFER.getvalue()
 def test_mutated_shards_index_or_raise_corrupt_never_crash(name: str, data: bytes) -> None:
     import tempfile
 
-    from hypothesis import given
+    from hypothesis import example, given
     from hypothesis import strategies as st
 
     flips_strategy, cut_strategy, sizes_strategy = _mutations()
@@ -474,6 +474,9 @@ def test_mutated_shards_index_or_raise_corrupt_never_crash(name: str, data: byte
         sizes_strategy = st.just([])
 
     @given(flips=flips_strategy, cut=cut_strategy, sizes=sizes_strategy)
+    # CI found it: in the Parquet file, a flipped definition level makes a row of 's' null
+    # where the footer's statistics say none; the error named no byte offset.
+    @example(flips=[(523, 1)], cut=None, sizes=[])
     def check(flips: list[tuple[int, int]], cut: int | None, sizes: list[tuple[int, int]]) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             error = _index_all(Path(tmp), name, _mutate(data, flips, cut, sizes))
