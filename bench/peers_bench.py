@@ -57,6 +57,7 @@ import io
 import json
 import multiprocessing
 import os
+import resource
 import shutil
 import sys
 import tarfile
@@ -71,7 +72,6 @@ from typing import Any
 
 import numpy as np
 
-from fastdata.benchmark import process_cpu_s
 from fastdata.benchmark._measure import host_info, pid_cpu_s, run_pass
 from fastdata.store import Store
 from fastdata.testing.seaweedfs import ACCESS_KEY, SECRET_KEY, SeaweedServer
@@ -418,10 +418,10 @@ def upload_files(store: Store, samples: Samples) -> None:
 # -- CPU of a process tree -----------------------------------------------------------------
 
 
-def _proc_table() -> dict[int, tuple[int, float]]:
-    """``pid -> (parent pid, CPU seconds of it and of its reaped children)`` from /proc."""
+def _proc_table() -> dict[int, tuple[int, Usage]]:
+    """``pid -> (parent pid, its usage and its reaped children's)`` from /proc."""
     tick = os.sysconf("SC_CLK_TCK")
-    out: dict[int, tuple[int, float]] = {}
+    out: dict[int, tuple[int, Usage]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -430,21 +430,50 @@ def _proc_table() -> dict[int, tuple[int, float]]:
         except OSError:
             continue
         fields = text.rsplit(")", 1)[1].split()
-        # state ppid ... utime(14) stime(15) cutime(16) cstime(17), 1-based.
-        ticks = sum(int(f) for f in fields[11:15])
-        out[int(entry)] = (int(fields[1]), ticks / tick)
+        # state ppid ... minflt(10) cminflt(11) ... utime(14) stime(15) cutime(16)
+        # cstime(17), 1-based.
+        cpu = sum(int(f) for f in fields[11:15]) / tick
+        sys_s = (int(fields[12]) + int(fields[14])) / tick
+        out[int(entry)] = (int(fields[1]), Usage(cpu, sys_s, int(fields[7]) + int(fields[8])))
     return out
 
 
-def tree_cpu_s(skip: int | None) -> float:
-    """CPU seconds of this process, its reaped children and every live descendant but
+@dataclass(frozen=True)
+class Usage:
+    """CPU seconds, the kernel's part of them, and minor page faults (each a page of
+    memory touched for the first time) of a set of processes."""
+
+    cpu_s: float = 0.0
+    sys_s: float = 0.0
+    minflt: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(self.cpu_s + other.cpu_s, self.sys_s + other.sys_s, self.minflt + other.minflt)
+
+    def __sub__(self, other: Usage) -> Usage:
+        return Usage(self.cpu_s - other.cpu_s, self.sys_s - other.sys_s, self.minflt - other.minflt)
+
+
+def _own_usage() -> Usage:
+    """This process and its reaped children (``getrusage``)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return Usage(
+        me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
+        me.ru_stime + kids.ru_stime,
+        me.ru_minflt + kids.ru_minflt,
+    )
+
+
+def tree_usage(skip: int | None) -> Usage:
+    """The usage of this process, its reaped children and every live descendant but
     ``skip`` and its own (the embedded server).
 
-    ``process_cpu_s`` sees children only once this process reaps them; fastdata's
-    workers are children of a forkserver, which reaps them, so they are counted here
-    through the forkserver's reaped-children time, and live workers through their own.
+    ``getrusage`` sees children only once this process reaps them; fastdata's workers
+    are children of a forkserver, which reaps them, so they are counted here through the
+    forkserver's reaped-children figures, and live workers through their own.
     """
-    own = process_cpu_s()
+    own = _own_usage()
     try:
         table = _proc_table()
     except OSError:
@@ -531,6 +560,8 @@ class Cell:
     ttfb_s: float = 0.0
     open_s: float = 0.0
     client_cpu_s: float = 0.0
+    client_sys_s: float = 0.0
+    client_minflt: int = 0
     server_cpu_s: float | None = None
     client_cores: float = 0.0
     server_cores: float | None = None
@@ -561,10 +592,11 @@ def run_cell(
         loader, close, measure = opener()
         cell.open_s = time.perf_counter() - started
         tally = Tally(measure)
-        cpu0, server0, wall0 = tree_cpu_s(server), pid_cpu_s(server), time.perf_counter()
+        use0, server0, wall0 = tree_usage(server), pid_cpu_s(server), time.perf_counter()
         result = run_pass(loader, count=tally)
         wall = time.perf_counter() - wall0
-        cell.client_cpu_s = tree_cpu_s(server) - cpu0
+        use = tree_usage(server) - use0
+        cell.client_cpu_s, cell.client_sys_s, cell.client_minflt = use.cpu_s, use.sys_s, use.minflt
         server1 = pid_cpu_s(server)
         cell.server_cpu_s = None if server0 is None or server1 is None else server1 - server0
         cell.client_cores = cell.client_cpu_s / wall
@@ -1013,14 +1045,14 @@ def _timed_limit(
     server_pid: int | None,
     concurrency: int,
 ) -> dict[str, Any]:
-    cpu0, server0, started = (
-        tree_cpu_s(server_pid),
+    use0, server0, started = (
+        tree_usage(server_pid),
         pid_cpu_s(server_pid or -1),
         time.perf_counter(),
     )
     got = run()
     seconds = time.perf_counter() - started
-    cpu, server1 = tree_cpu_s(server_pid) - cpu0, pid_cpu_s(server_pid or -1)
+    use, server1 = tree_usage(server_pid) - use0, pid_cpu_s(server_pid or -1)
     if got != expect_bytes:
         raise RuntimeError(f"{name} read {got} bytes, expected {expect_bytes}")
     server = None if server0 is None or server1 is None else (server1 - server0) / seconds
@@ -1029,8 +1061,12 @@ def _timed_limit(
         "concurrency": concurrency,
         "mb_per_s": got / seconds / 1e6,
         "seconds": seconds,
-        "client_cores": cpu / seconds,
+        "client_cores": use.cpu_s / seconds,
         "server_cores": server,
+        "bytes": got,
+        "client_cpu_s": use.cpu_s,
+        "client_sys_s": use.sys_s,
+        "client_minflt": use.minflt,
     }
 
 
@@ -1119,8 +1155,69 @@ def add_ratios(cells: list[Cell], limits: dict[str, Any]) -> None:
             cell.ratios["pyarrow"] = cell.mb_per_s / pyarrow
 
 
-def check_targets(cells: list[Cell]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Cost:
+    """What a cell or a limit spent per MB delivered: client CPU, its kernel share and
+    minor page faults (memory touched for the first time)."""
+
+    name: str
+    cpu_ms: float
+    sys_share: float
+    faults: float
+
+    @staticmethod
+    def of(name: str, nbytes: int, cpu_s: float, sys_s: float, minflt: int) -> Cost | None:
+        if nbytes <= 0 or cpu_s <= 0:
+            return None
+        mb = nbytes / 1e6
+        return Cost(name, cpu_s / mb * 1e3, sys_s / cpu_s, minflt / mb)
+
+    @staticmethod
+    def of_cell(cell: Cell) -> Cost | None:
+        name = f"{cell.system} {cell.state} w{cell.workers}"
+        return Cost.of(name, cell.bytes, cell.client_cpu_s, cell.client_sys_s, cell.client_minflt)
+
+    @staticmethod
+    def of_limit(name: str, limit: dict[str, Any]) -> Cost | None:
+        return Cost.of(
+            name,
+            int(limit.get("bytes", 0)),
+            float(limit.get("client_cpu_s", 0.0)),
+            float(limit.get("client_sys_s", 0.0)),
+            int(limit.get("client_minflt", 0)),
+        )
+
+    def line(self) -> str:
+        return (
+            f"{self.cpu_ms:.2f} ms of client CPU per MB ({self.sys_share:.0%} in the kernel), "
+            f"{self.faults:.0f} page faults per MB"
+        )
+
+
+def miss_cause(cell: Cell, base: Cost | None, cores: int) -> str | None:
+    """The measured cause of a missed throughput target, from the cell's own counters:
+    how many of the machine's cores the client and the server kept busy (an epoch near
+    ``cores`` is CPU-bound: the cell's extra work per MB is what it lacks), and what the
+    cell spent per MB delivered against what its baseline spent."""
+    own = Cost.of_cell(cell)
+    if own is None:
+        return None
+    busy = cell.client_cores + (cell.server_cores or 0.0)
+    bound = "CPU-bound" if busy >= 0.85 * cores else "not CPU-bound"
+    text = (
+        f"cause: client {cell.client_cores:.2f} + server {_fmt(cell.server_cores, '.2f')} "
+        f"= {busy:.2f} of {cores} cores busy ({bound}); {own.line()}"
+    )
+    if base is not None:
+        text += f"; {base.name}: {base.line()} ({own.cpu_ms / base.cpu_ms:.2f}x the CPU)"
+    return text
+
+
+def check_targets(
+    cells: list[Cell], limits: dict[str, Any] | None = None, cores: int = 0
+) -> list[dict[str, Any]]:
     """The issue's targets on the cold cells with 0 workers (its conditions)."""
+    limits = limits or {}
     out = []
     for system, limit, bound in TARGETS:
         cell = next(
@@ -1128,18 +1225,30 @@ def check_targets(cells: list[Cell]) -> list[dict[str, Any]]:
             None,
         )
         value = None if cell is None or not cell.ok else cell.ratios.get(limit)
+        met = value is not None and value >= bound
+        base = limits.get(limit)
+        if limit == "pyarrow":
+            found = next((c for c in cells if c.system == "pyarrow" and c.ok), None)
+            cost = None if found is None else Cost.of_cell(found)
+        else:
+            cost = Cost.of_limit(limit, base) if isinstance(base, dict) else None
+        cause = None
+        if not met and value is not None and cell is not None:
+            cause = miss_cause(cell, cost, cores)
         out.append(
             {
                 "target": f"{system} cold / {limit} >= {bound}",
                 "value": value,
-                "met": value is not None and value >= bound,
+                "met": met,
+                "cause": cause,
             }
         )
     return out
 
 
-def check_targets_21(cells: list[Cell]) -> list[dict[str, Any]]:
-    """Issue 21's targets (``TARGETS_21``) and its first-batch bound, each met or not."""
+def check_targets_21(cells: list[Cell], cores: int = 0) -> list[dict[str, Any]]:
+    """Issue 21's targets (``TARGETS_21``) and its first-batch bound, each met or with
+    the measured cause of the miss (:func:`miss_cause`)."""
     named = {f"{c.system}/{c.state}/w{c.workers}": c for c in cells if c.ok and c.mb_per_s}
     pyarrow = next((c for n, c in named.items() if n.startswith("pyarrow/")), None)
     out = []
@@ -1147,11 +1256,16 @@ def check_targets_21(cells: list[Cell]) -> list[dict[str, Any]]:
         cell = named.get(f"{system}/{state}/w{workers}")
         base = pyarrow if against == "pyarrow" else named.get(against)
         value = None if cell is None or base is None else cell.mb_per_s / base.mb_per_s
+        met = value is not None and value >= bound
+        cause = None
+        if not met and cell is not None and base is not None:
+            cause = miss_cause(cell, Cost.of_cell(base), cores)
         out.append(
             {
                 "target": f"{system} {state} w{workers} / {against} >= {bound}",
                 "value": value,
-                "met": value is not None and value >= bound,
+                "met": met,
+                "cause": cause,
             }
         )
     cold = named.get("fastdata parquet/cold/w0")
@@ -1231,6 +1345,8 @@ def print_report(result: dict[str, Any]) -> None:
     for t in result["targets"]:
         verdict = "not measured" if t["value"] is None else "met" if t["met"] else "MISSED"
         print(f"  target {t['target']}: {_fmt(t['value'], '.2f')} ({verdict})")
+        if t.get("cause"):
+            print(f"    {t['cause']}")
     print(f"total {result['total_s']:.1f} s")
 
 
@@ -1369,7 +1485,8 @@ def main(argv: list[str] | None = None) -> int:
         "skipped": skipped,
         "limits": limits,
         "cells": [asdict(c) for c in cells],
-        "targets": check_targets(cells) + check_targets_21(cells),
+        "targets": check_targets(cells, limits, host["cores"])
+        + check_targets_21(cells, host["cores"]),
         "total_s": time.perf_counter() - started,
     }
     print_report(result)

@@ -123,15 +123,62 @@ def _burn(ready: Any, release: Any) -> None:
 def test_tree_cpu_counts_a_live_child_process(pb: ModuleType) -> None:
     ctx = multiprocessing.get_context("spawn")
     ready, release = ctx.Event(), ctx.Event()
-    before = pb.tree_cpu_s(None)
+    before = pb.tree_usage(None).cpu_s
     child = ctx.Process(target=_burn, args=(ready, release))
     child.start()
     try:
         assert ready.wait(60)
-        assert pb.tree_cpu_s(None) - before >= 0.3
+        assert pb.tree_usage(None).cpu_s - before >= 0.3
         # ... and not the process it is told to leave out (the server): what is left is
         # this process's own work since `before`, a small part of the child's 0.3 s.
-        assert pb.tree_cpu_s(child.pid) - before < 0.2
+        assert pb.tree_usage(child.pid).cpu_s - before < 0.2
     finally:
         release.set()
         child.join(30)
+
+
+def _touch(nbytes: int, ready: Any, release: Any) -> None:
+    import mmap
+
+    region = mmap.mmap(-1, nbytes)
+    for page in range(0, nbytes, 4096):
+        region[page] = 1
+    ready.set()
+    release.wait(60)
+
+
+def test_tree_usage_counts_the_page_faults_of_a_live_child(pb: ModuleType) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    ready, release = ctx.Event(), ctx.Event()
+    before = pb.tree_usage(None)
+    child = ctx.Process(target=_touch, args=(64 * 1024**2, ready, release))
+    child.start()
+    try:
+        assert ready.wait(60)
+        grown = pb.tree_usage(None) - before
+        assert grown.minflt >= 64 * 1024**2 // 4096  # one fault per page it touched
+        assert 0 <= grown.sys_s <= grown.cpu_s
+    finally:
+        release.set()
+        child.join(30)
+
+
+def test_a_missed_target_names_its_measured_cause(pb: ModuleType) -> None:
+    def cell(system: str, mb: float, cpu_s: float, sys_s: float, faults: int) -> Any:
+        c = pb.Cell(system, "cold" if system.startswith("fastdata") else "nocache", 0)
+        c.samples, c.bytes, c.seconds, c.mb_per_s = 10, int(mb * 1e6), 1.0, mb
+        c.client_cpu_s, c.client_sys_s, c.client_minflt = cpu_s, sys_s, faults
+        c.client_cores, c.server_cores = cpu_s, 0.3
+        return c
+
+    slow = cell("fastdata parquet", 200.0, 1.6, 1.2, 100_000)
+    fast = cell("pyarrow", 600.0, 0.6, 0.1, 6_000)
+    targets = {t["target"]: t for t in pb.check_targets_21([slow, fast], cores=2)}
+    missed = targets["fastdata parquet cold w0 / pyarrow >= 1.0"]
+    assert missed["met"] is False
+    assert missed["cause"] == (
+        "cause: client 1.60 + server 0.30 = 1.90 of 2 cores busy (CPU-bound); 8.00 ms of "
+        "client CPU per MB (75% in the kernel), 500 page faults per MB; pyarrow nocache w0: "
+        "1.00 ms of client CPU per MB (17% in the kernel), 10 page faults per MB (8.00x the CPU)"
+    )
+    assert targets["fastdata packed cold w0 / pyarrow >= 1.2"]["cause"] is None  # no cell
