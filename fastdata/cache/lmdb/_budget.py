@@ -13,6 +13,10 @@ from commit N + 2 on. A value (a 48-byte entry header, :data:`HEADER_BYTES`, in 
 the record) costs its whole overflow pages plus its node's share of a leaf page when it
 is over half a page, else its node's share of a leaf page, taken 3/2 times because
 leaves split half full and fill to about 70% under random inserts (:func:`value_cost`).
+A selection sized ahead of the writes (:func:`fit_budget`, ``fastdata warm``) also
+counts what those costs leave out but the pages in use show: the meta pages, the small
+databases' leaves, the branch pages, and leaves holding only what a split leaves them
+(a node of a third to a half of a page gets a leaf of its own).
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ WRITE_BATCH_BYTES = 40 * 1024**2
 _NODE_BYTES = KEY_BYTES + 8  # a leaf node's key and its header
 _OVERFLOW_HEAD_BYTES = 16  # the page header in front of an overflow value
 _LEAF_SHARE_BYTES = 64  # the leaf node that points at a value on overflow pages
+_OVERFLOW_NODE_BYTES = 32  # that node: header, key and the first overflow page's number
+_PAGE_HEAD_BYTES = 16  # a page's header, before its node slots
 _FIXED_PAGES = 4  # the two meta pages, and the main and meta databases' leaves
 _BRANCH_FANOUT = 64  # children per branch page of the records tree (at least)
 _MIN_READER_SLOTS = 126
@@ -118,28 +124,38 @@ def room_bytes(
 def fit_budget(costs: np.ndarray, room: int, *, write_bytes: int = WRITE_BATCH_BYTES) -> int:
     """How many samples, taken in order, fit in ``room`` bytes of LMDB map.
 
-    ``costs`` are the samples' :func:`record_costs`. They cover the records; the tier's
-    admission check compares the pages really in use with the room, so the selection
-    also leaves out what the records' costs do not hold, however the writes are split
-    into commits (NOTE[lmdb-budget]): the meta pages and the other databases' leaves
-    (:data:`_FIXED_PAGES`), the records tree's branch pages, and leaves that in-order
-    inserts split half full (2x the node bytes, where :func:`value_cost` takes 3/2).
-    The tier also keeps free one page per record of a write for the leaf pages that
-    write copies (up to the number of tree pages); that, for a last write of
-    ``write_bytes`` that finds the rest already committed, comes off the room too.
+    ``costs`` are the samples' :func:`record_costs` (or :func:`entry_costs`). They cover
+    the records; the tier's admission check compares the pages really in use with the
+    room, so the selection also counts what the costs leave out, however the writes are
+    split into commits and in whatever order they come (NOTE[lmdb-budget]): the meta
+    pages and the small databases' leaves (:data:`_FIXED_PAGES`), the records tree's
+    branch pages, and its leaves as a split leaves them, holding half the nodes a page
+    takes (rounded up, at least one). The tier also keeps free one page per record of a
+    write for the leaf pages that write copies (up to the number of tree pages); that,
+    for a last write of ``write_bytes`` of records that finds the rest already
+    committed, comes off the room too. The prefix returned is the longest whose every
+    prefix fits.
     """
     if len(costs) == 0 or room <= 0:
         return 0
     costs = np.asarray(costs, dtype=np.int64)
     total = np.cumsum(costs)
-    small = costs < PAGE_BYTES
-    leaf_small = np.cumsum(np.where(small, costs, 0))
-    leaf_over = np.cumsum(np.where(small, 0, _LEAF_SHARE_BYTES))
-    leaf_pages = -(-(leaf_small * 4 // 3 + leaf_over) // PAGE_BYTES)  # half-full leaves
+    small = costs < PAGE_BYTES  # a value on its leaf; else on overflow pages
+    # A leaf node's bytes with its 2-byte slot in the page (inverting value_cost for the
+    # small ones), how many of them a leaf keeps after a split, and so its leaf bytes.
+    slot = np.where(small, (costs * 2 + 2) // 3, _OVERFLOW_NODE_BYTES + 2)
+    per_leaf = np.maximum(1, ((PAGE_BYTES - _PAGE_HEAD_BYTES) // slot + 1) // 2)
+    leaf_pages = -(-np.cumsum(-(-PAGE_BYTES // per_leaf)) // PAGE_BYTES)
     tree_pages = leaf_pages + leaf_pages // _BRANCH_FANOUT + 1
-    uncharged = _FIXED_PAGES + tree_pages - (leaf_small + leaf_over) // PAGE_BYTES
+    charged = np.cumsum(np.where(small, costs, _LEAF_SHARE_BYTES)) // PAGE_BYTES
+    uncharged = _FIXED_PAGES + np.maximum(0, tree_pages - charged)
+    # Records per write, from a lower bound of each record's bytes (more per write is
+    # the safe side: each one may copy a page).
+    low = np.where(
+        small, costs * 2 // 3 - _NODE_BYTES - HEADER_BYTES, costs - PAGE_BYTES - _LEAF_SHARE_BYTES
+    )
     count = np.arange(1, len(costs) + 1, dtype=np.int64)
-    per_write = np.maximum(1, write_bytes // np.maximum(1, total // count))
+    per_write = np.maximum(1, write_bytes // np.maximum(1, np.cumsum(np.maximum(1, low)) // count))
     copies = np.minimum(count, np.minimum(per_write, tree_pages))
     need = np.maximum.accumulate(total + PAGE_BYTES * (uncharged + copies))
     return int(np.searchsorted(need, room, side="right"))
