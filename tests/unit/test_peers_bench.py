@@ -141,6 +141,8 @@ def _touch(nbytes: int, ready: Any, release: Any) -> None:
     import mmap
 
     region = mmap.mmap(-1, nbytes)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # a host with THP "always" faults 2 MiB at a time
+        region.madvise(mmap.MADV_NOHUGEPAGE)
     for page in range(0, nbytes, 4096):
         region[page] = 1
     ready.set()
