@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 from fastdata.errors import ConfigError
 from fastdata.layouts import _parquet_schema as schemas
 from fastdata.layouts._parquet_schema import VALID_SUFFIX, Output
+from fastdata.layouts._parquet_thrift import FooterError, check_level_histograms
 from fastdata.layouts._parquet_values import leaf_array, pieces_of, raise_unmasked_null
 from fastdata.layouts._parquet_values import values as values_of
 from fastdata.layouts.base import (
@@ -505,11 +506,20 @@ def _read_footer(path: str, size: int, extra: bytes) -> pq.FileMetaData:
         metadata = pq.read_metadata(pa.BufferReader(extra))
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise corrupt(path, data_end, f"unreadable Parquet footer ({exc})") from exc
+    schema = metadata.schema
+    levels = [
+        (schema.column(leaf).max_definition_level, schema.column(leaf).max_repetition_level)
+        for leaf in range(len(schema))
+    ]
+    footer_bytes = int.from_bytes(extra[-8:-4], "little")
+    try:  # NOTE[parquet-footer-levels]
+        check_level_histograms(extra[len(extra) - 8 - footer_bytes : len(extra) - 8], levels)
+    except FooterError as exc:
+        raise corrupt(path, data_end, f"Parquet footer: {exc}") from exc
     # NOTE[parquet-footer-types]: pyarrow aborts the process (a C++ exception thrown
     # where none may pass) when it builds the statistics of a column chunk whose type
     # disagrees with the schema, so a damaged footer is refused here, before anything
     # asks for them.
-    schema = metadata.schema
     types = [schema.column(leaf).physical_type for leaf in range(len(schema))]
     for group in range(metadata.num_row_groups):
         rg = metadata.row_group(group)

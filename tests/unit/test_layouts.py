@@ -477,6 +477,9 @@ def test_mutated_shards_index_or_raise_corrupt_never_crash(name: str, data: byte
     # CI found it: in the Parquet file, a flipped definition level makes a row of 's' null
     # where the footer's statistics say none; the error named no byte offset.
     @example(flips=[(523, 1)], cut=None, sizes=[])
+    # ... and a level histogram of the wrong length in the footer, on which pyarrow
+    # aborted the process (NOTE[parquet-footer-levels]).
+    @example(flips=[(4288, 75), (4809, 122)], cut=None, sizes=[])
     def check(flips: list[tuple[int, int]], cut: int | None, sizes: list[tuple[int, int]]) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             error = _index_all(Path(tmp), name, _mutate(data, flips, cut, sizes))
