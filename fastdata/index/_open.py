@@ -11,9 +11,11 @@ in a private temporary directory where the cache directory cannot be written.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
+import shutil
 import tempfile
 import time
 import warnings
@@ -459,7 +461,8 @@ _warned_unwritable: set[str] = set()
 def _writable(versions: TableVersions, request: _Request) -> Iterator[tuple[TableVersions, bool]]:
     """The saved versions with their builders' lock held, or, where the cache directory
     cannot be written (read-only, uncreatable), a private temporary directory with one
-    warning: the index is then built in memory's stead and rebuilt by every open."""
+    warning: the index is then built there instead, rebuilt by every open, and removed
+    when this process exits."""
     held = versions.lock()
     try:
         held.__enter__()
@@ -480,6 +483,14 @@ def _writable(versions: TableVersions, request: _Request) -> Iterator[tuple[Tabl
             "again. Point FASTDATA_CACHE_DIR (cache_dir=) at a writable directory"
         )
         logger.warning(message)
-    scratch = Path(tempfile.mkdtemp(prefix="fastdata-index-")) / "index"
-    scratch.mkdir()
-    yield TableVersions(scratch), False
+    scratch = Path(tempfile.mkdtemp(prefix="fastdata-index-"))
+    # Removed when this process exits, not before: workers reopen the index by its path
+    # (``SampleIndex.__reduce__``). A forked child inherits the hook and skips it.
+    atexit.register(_remove_scratch, scratch, os.getpid())
+    (scratch / "index").mkdir()
+    yield TableVersions(scratch / "index"), False
+
+
+def _remove_scratch(scratch: Path, owner: int) -> None:
+    if os.getpid() == owner:
+        shutil.rmtree(scratch, ignore_errors=True)

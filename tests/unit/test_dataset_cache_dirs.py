@@ -70,3 +70,47 @@ def test_a_read_only_warm_cache_serves_hits(tmp_path: Path, read_only_view: Any)
     assert stats.cache["source_samples"] == 0
     lmdb = next(t for t in stats.cache["tiers"] if t["name"] == "lmdb")
     assert lmdb["read_only"] is True
+
+
+_OPEN_TWICE = """
+import sys
+from pathlib import Path
+import fastdata
+data, cache = sys.argv[1], sys.argv[2]
+for _ in range(2):
+    ds = fastdata.Dataset(data, layout="files", cache_dir=cache)
+    loader = fastdata.DataLoader(ds, batch_size=5)
+    count = sum(len(batch["data"]) for batch in loader)
+    assert count == 24, count
+    loader.close()
+    ds.close()
+print(len(list(Path(sys.argv[3]).glob("fastdata-index-*"))))
+"""
+
+
+def test_the_temporary_index_of_an_uncreatable_cache_is_removed_when_the_process_exits(
+    tmp_path: Path,
+) -> None:
+    """Seen: every open over an unwritable cache directory left a ``fastdata-index-*``
+    directory in the temporary directory, one per open, for ever."""
+    import subprocess
+    import sys
+
+    _dataset(tmp_path / "data")
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"in the way")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    args = [str(tmp_path / "data"), str(blocker / "cache"), str(scratch)]
+    done = subprocess.run(
+        [sys.executable, "-c", _OPEN_TWICE, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "2"  # both opens built one, in use while it ran
+    assert list(scratch.glob("fastdata-index-*")) == []
