@@ -1,0 +1,153 @@
+"""Cold Parquet epochs in fresh processes, a setting against another, alternating.
+
+    python bench/parquet_cold_ab.py [--rows 5000] [--runs 6]
+        [--variant NAME=module.ATTR=VALUE ...]
+
+A Parquet dataset (``--rows`` rows of 100 KiB +-20 % random bytes and an int label, 4,000
+rows a file, 1,000-row row groups, as the peers bench writes them) is uploaded once to
+the embedded SeaweedFS. Each run starts one fresh Python process per variant, in turn,
+that reads one cold epoch through ``fastdata.DataLoader`` (``num_workers=0``, batch 256,
+shuffle off, a new cache directory) after setting the variant's module attribute.
+``current`` changes nothing; the default second variant, ``pieces-4mib``, decodes row
+groups in 4 MiB pieces instead of 16 MiB (NOTE[parquet-pieces]). Any module attribute
+that holds an int can be a variant: ``--variant NAME=module.ATTR=VALUE``, several times.
+Reported per variant: the median
+MB/s and first-batch seconds over the runs, with each run's user and system CPU and page
+faults. The first run after the upload pays for memory the VM never gave the process
+before (docs/benchmark.md); the variants alternate so that each sees the machine alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from decode_bench import add_smoke_flags  # a sibling script
+
+from fastdata.store import Store
+from fastdata.testing.seaweedfs import SeaweedServer
+
+_CHILD = r"""
+import importlib, json, resource, sys, time
+spec, url, options, cache = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+if spec:
+    target, value = spec.rsplit("=", 1)
+    module, attr = target.rsplit(".", 1)
+    setattr(importlib.import_module(module), attr, int(value))
+import fastdata
+ds = fastdata.Dataset(url, layout="parquet", cache_dir=cache, shuffle=False,
+                      storage_options=options, fields=("data", "label"))
+loader = fastdata.DataLoader(ds, batch_size=256, num_workers=0)
+r0 = resource.getrusage(resource.RUSAGE_SELF)
+start, first, nbytes = time.perf_counter(), None, 0
+for batch in loader:
+    if first is None:
+        first = time.perf_counter() - start
+    nbytes += batch["data"].values.numel()
+seconds = time.perf_counter() - start
+r1 = resource.getrusage(resource.RUSAGE_SELF)
+loader.close(); ds.close()
+print("RESULT" + json.dumps({"mbps": nbytes / seconds / 1e6, "first_s": first,
+      "user_s": r1.ru_utime - r0.ru_utime, "sys_s": r1.ru_stime - r0.ru_stime,
+      "faults": r1.ru_minflt - r0.ru_minflt}))
+"""
+
+PIECES_4MIB = "pieces-4mib=fastdata.layouts._parquet_values.DECODE_PIECE_BYTES=4194304"
+
+
+def upload(store: Store, rows: int) -> None:
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(int(0.8 * 102400), int(1.2 * 102400), rows)
+    labels = rng.integers(0, 10, rows)
+    with tempfile.TemporaryDirectory() as tmp:
+        for part, first in enumerate(range(0, rows, 4000)):
+            stop = min(first + 4000, rows)
+            data = pa.array([rng.bytes(int(s)) for s in sizes[first:stop]], pa.binary())
+            table = pa.table({"data": data, "label": pa.array(labels[first:stop])})
+            pq.write_table(table, Path(tmp) / f"part-{part:05d}.parquet", row_group_size=1000)
+        store.put_many([(p.name, p.read_bytes()) for p in sorted(Path(tmp).iterdir())])
+
+
+def run_child(spec: str, url: str, options: dict[str, Any]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="fastdata-ab-") as cache:
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD, spec, url, json.dumps(options), cache],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"the epoch of {spec or 'current'} failed: {done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(lines[0][len("RESULT") :])
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=5000)
+    parser.add_argument("--runs", type=int, default=6)
+    parser.add_argument("--variant", action="append", default=None, help="NAME=module.ATTR=INT")
+    add_smoke_flags(parser)
+    args = parser.parse_args()
+    if args.quick:
+        args.rows, args.runs = 300, 1
+    variants = {"current": ""}
+    for text in args.variant or [PIECES_4MIB]:
+        name, _, spec = text.partition("=")
+        if not name or spec.count("=") != 1 or "." not in spec.split("=")[0]:
+            parser.error(f"--variant {text!r}: give NAME=module.ATTR=INT")
+        variants[name] = spec
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
+    server = SeaweedServer().start()
+    try:
+        server.create_bucket("parquet-ab")
+        options = dict(server.storage_options)
+        url = "s3://parquet-ab/parquet"
+        with Store(url, storage_options=options) as store:
+            upload(store, args.rows)
+        names = list(variants)
+        for run in range(args.runs):
+            order = names if run % 2 == 0 else names[::-1]
+            for name in order:
+                got = run_child(variants[name], url, options)
+                results[name].append(got)
+                print(
+                    f"run {run} {name:>10}: {got['mbps']:7.1f} MB/s, first batch "
+                    f"{got['first_s']:.3f} s, user {got['user_s']:.2f} s, sys "
+                    f"{got['sys_s']:.2f} s, {got['faults']} page faults",
+                    flush=True,
+                )
+    finally:
+        server.stop()
+    print(f"\n{args.rows} rows of 100 KiB, {args.runs} runs per variant, cold, num_workers=0")
+    for name, runs in results.items():
+        mbps = statistics.median(r["mbps"] for r in runs)
+        first = statistics.median(r["first_s"] for r in runs)
+        print(f"  {name:>10}: median {mbps:7.1f} MB/s, first batch median {first:.3f} s")
+    if args.json is not None:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "settings": vars(args) | {"json": str(args.json)},
+                    "variants": variants,
+                    "results": results,
+                },
+                indent=1,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
