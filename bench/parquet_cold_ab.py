@@ -20,6 +20,7 @@ before (docs/benchmark.md); the variants alternate so that each sees the machine
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 import subprocess
@@ -53,6 +54,7 @@ for batch in loader:
     if first is None:
         first = time.perf_counter() - start
     nbytes += batch["data"].values.numel()
+assert first is not None, "the epoch delivered no batch"
 seconds = time.perf_counter() - start
 r1 = resource.getrusage(resource.RUSAGE_SELF)
 loader.close(); ds.close()
@@ -75,6 +77,23 @@ def upload(store: Store, rows: int) -> None:
             table = pa.table({"data": data, "label": pa.array(labels[first:stop])})
             pq.write_table(table, Path(tmp) / f"part-{part:05d}.parquet", row_group_size=1000)
         store.put_many([(p.name, p.read_bytes()) for p in sorted(Path(tmp).iterdir())])
+
+
+def check_variant(spec: str) -> str | None:
+    """What is wrong with ``module.ATTR=INT``, or None: a misspelt attribute would be
+    created, not changed, and the run would measure ``current`` twice."""
+    target, value = spec.rsplit("=", 1)
+    module_name, attr = target.rsplit(".", 1)
+    try:
+        int(value)
+        module = importlib.import_module(module_name)
+    except ValueError:
+        return f"{value!r} is not an int"
+    except ImportError as exc:
+        return f"no module {module_name!r} ({exc})"
+    if not isinstance(getattr(module, attr, None), int):
+        return f"{module_name} has no int attribute {attr!r}"
+    return None
 
 
 def run_child(spec: str, url: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -102,11 +121,18 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.rows, args.runs = 300, 1
+    if args.rows < 1 or args.runs < 1:
+        parser.error("--rows and --runs must be at least 1")
     variants = {"current": ""}
     for text in args.variant or [PIECES_4MIB]:
         name, _, spec = text.partition("=")
-        if not name or spec.count("=") != 1 or "." not in spec.split("=")[0]:
+        if not name or name in variants:
+            parser.error(f"--variant {text!r}: a new NAME, not one already given or 'current'")
+        if spec.count("=") != 1 or "." not in spec.split("=")[0]:
             parser.error(f"--variant {text!r}: give NAME=module.ATTR=INT")
+        problem = check_variant(spec)
+        if problem:
+            parser.error(f"--variant {text!r}: {problem}")
         variants[name] = spec
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     server = SeaweedServer().start()

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from fastdata._fork import current_pid, this_process
 from fastdata.config import default_cache_dir
 from fastdata.errors import (
     CacheError,
@@ -485,12 +486,22 @@ def _writable(versions: TableVersions, request: _Request) -> Iterator[tuple[Tabl
         logger.warning(message)
     scratch = Path(tempfile.mkdtemp(prefix="fastdata-index-"))
     # Removed when this process exits, not before: workers reopen the index by its path
-    # (``SampleIndex.__reduce__``). A forked child inherits the hook and skips it.
-    atexit.register(_remove_scratch, scratch, os.getpid())
-    (scratch / "index").mkdir()
-    yield TableVersions(scratch / "index"), False
+    # (``SampleIndex.__reduce__``). A forked child inherits the list and skips it.
+    _SCRATCH.append((scratch, current_pid()))
+    try:
+        (scratch / "index").mkdir()
+        yield TableVersions(scratch / "index"), False
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)  # no index came of it: nothing reads it
+        raise
 
 
-def _remove_scratch(scratch: Path, owner: int) -> None:
-    if os.getpid() == owner:
-        shutil.rmtree(scratch, ignore_errors=True)
+_SCRATCH: list[tuple[Path, int]] = []
+"""Temporary index directories and the process that made each (see ``_writable``)."""
+
+
+@atexit.register
+def _remove_scratch() -> None:
+    for scratch, owner in _SCRATCH:
+        if this_process(owner):
+            shutil.rmtree(scratch, ignore_errors=True)

@@ -16,11 +16,15 @@ finalizing and ends the thread with ``pthread_exit``, whose unwinding through Ru
 frames aborts the process: ``fastdata pack --index-only`` exited with SIGABRT after it
 had printed its success line, 6 times in 120 runs with two CPU hogs beside it (``gdb``:
 ``take_gil`` -> ``PyThread_exit_thread`` -> ``abort`` in a ``tokio-rt-worker`` thread
-inside ``pyo3_async_runtimes::generic::set_result``). So the first loop of a process
-registers an exit hook (:func:`_drain_handoffs`) that, before the interpreter
-finalizes, waits until no thread that ``threading`` did not start is inside asyncio's
-``call_soon_threadsafe``, for at most ``EXIT_DRAIN_S``; it sleeps a millisecond a round,
-which lets those threads take the GIL and leave.
+inside ``pyo3_async_runtimes::generic::set_result``). CPython 3.12 and 3.13 end such a
+thread the same way. So an exit hook (:func:`drain_handoffs`, registered at import, so
+that it runs after the hooks of the modules that use the store) waits, before the
+interpreter finalizes and for at most ``EXIT_DRAIN_S``, until no store attempt is
+awaited (``IN_FLIGHT``, counted by the retry driver) and no thread that ``threading``
+did not start is inside asyncio's ``call_soon_threadsafe``; it sleeps a millisecond a
+round, which lets those threads take the GIL and leave. An event loop whose
+``call_soon_threadsafe`` has no Python frame (uvloop) is not seen; fastdata's loop is
+asyncio's own.
 """
 
 from __future__ import annotations
@@ -36,7 +40,14 @@ from typing import Any, TypeVar
 
 from fastdata._fork import PerProcess, current_pid
 
-__all__ = ["LoopThread", "process_loop"]
+__all__ = [
+    "EXIT_DRAIN_S",
+    "IN_FLIGHT",
+    "LoopThread",
+    "drain_handoffs",
+    "handing_off",
+    "process_loop",
+]
 
 T = TypeVar("T")
 
@@ -44,33 +55,61 @@ _LOOP: PerProcess[LoopThread] = PerProcess()
 
 EXIT_DRAIN_S = 5.0
 """The longest the exit hook waits for other threads to hand results over (NOTE[loop-exit])."""
+_BASE_EVENTS = asyncio.base_events.__file__
 _HANDOFF = "call_soon_threadsafe"
+
+
+class _InFlight:
+    """Store attempts awaited now, in every store of this process (NOTE[loop-exit])."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def enter(self) -> None:
+        with self._lock:
+            self.count += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self.count -= 1
+
+
+IN_FLIGHT = _InFlight()
 
 
 def _in_handoff(frame: Any) -> bool:
     while frame is not None:
         code = frame.f_code
-        if code.co_name == _HANDOFF and "asyncio" in code.co_filename:
+        if code.co_name == _HANDOFF and code.co_filename == _BASE_EVENTS:
             return True
         frame = frame.f_back
     return False
 
 
 def handing_off() -> list[int]:
-    """Threads not started by ``threading`` (obstore's) that are inside asyncio's
-    ``call_soon_threadsafe`` now (NOTE[loop-exit])."""
-    known = {t.ident for t in threading.enumerate()}
+    """Threads not started by ``threading`` (obstore's tokio threads) that are inside
+    asyncio's ``call_soon_threadsafe`` now (NOTE[loop-exit]). A foreign thread that once
+    asked ``threading.current_thread()`` is listed by ``threading`` as a dummy: it still
+    counts as foreign."""
+    known = {t.ident for t in threading.enumerate() if not isinstance(t, threading._DummyThread)}
     return [i for i, f in sys._current_frames().items() if i not in known and _in_handoff(f)]
 
 
-def _drain_handoffs(limit_s: float = EXIT_DRAIN_S) -> None:
-    deadline = time.monotonic() + limit_s
-    while handing_off() and time.monotonic() < deadline:
+def drain_handoffs(limit_s: float | None = None) -> None:
+    """NOTE[loop-exit]: wait, at most ``limit_s`` (default ``EXIT_DRAIN_S``), until no
+    store attempt is awaited and no foreign thread is inside ``call_soon_threadsafe``,
+    sleeping a millisecond a round (always one: a thread waiting for the GIL gets it)."""
+    deadline = time.monotonic() + (EXIT_DRAIN_S if limit_s is None else limit_s)
+    time.sleep(0.001)
+    while (IN_FLIGHT.count or handing_off()) and time.monotonic() < deadline:
         time.sleep(0.001)
 
 
-_exit_hook = threading.Lock()
-_exit_hook_pid: list[int] = []
+# Registered when this module is imported, before the exit hooks of the modules that use
+# the store (``close_open_datasets``), so that it runs after them (atexit runs the last
+# registered first); a forked child inherits it.
+atexit.register(drain_handoffs)
 
 
 class LoopThread:
@@ -78,10 +117,6 @@ class LoopThread:
 
     def __init__(self) -> None:
         self.pid = current_pid()
-        with _exit_hook:
-            if self.pid not in _exit_hook_pid:  # once per process that starts a loop
-                _exit_hook_pid.append(self.pid)
-                atexit.register(_drain_handoffs)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._run, name=f"fastdata-store-loop-{self.pid}", daemon=True

@@ -42,6 +42,7 @@ from fastdata.store._faults import (
     summarize,
     to_error,
 )
+from fastdata.store._loop import IN_FLIGHT
 from fastdata.store._types import StoreStats
 
 __all__ = ["STORE_COUNTERS", "Counters", "RetryEnv", "RetryPolicy", "retrying"]
@@ -140,6 +141,15 @@ class RetryEnv:
     """``host:port`` (or a name) of the server, for messages."""
 
 
+async def _tracked(attempt: Callable[[], Awaitable[T]]) -> T:
+    """One attempt, counted in ``IN_FLIGHT`` while it is awaited (NOTE[loop-exit])."""
+    IN_FLIGHT.enter()
+    try:
+        return await attempt()
+    finally:
+        IN_FLIGHT.leave()
+
+
 async def retrying(attempt: Callable[[], Awaitable[T]], ctx: OpContext, env: RetryEnv) -> T:
     """Run ``attempt`` until it succeeds, a fault is permanent, or the budget is spent.
 
@@ -162,9 +172,9 @@ async def retrying(attempt: Callable[[], Awaitable[T]], ctx: OpContext, env: Ret
             if bound is not None and attempts == 1 and started + bound <= deadline:
                 # The client's own timeout already ends this attempt within the budget,
                 # and an asyncio timer per request costs more than the rest of this loop.
-                return await attempt()
+                return await _tracked(attempt)
             async with asyncio.timeout_at(deadline):
-                return await attempt()
+                return await _tracked(attempt)
         except Exception as exc:
             failure = _failure_of(exc, env, loop.time() >= deadline)
             if not failure.retryable:

@@ -73,6 +73,7 @@ def test_a_read_only_warm_cache_serves_hits(tmp_path: Path, read_only_view: Any)
 
 
 _OPEN_TWICE = """
+import os
 import sys
 from pathlib import Path
 import fastdata
@@ -84,6 +85,10 @@ for _ in range(2):
     assert count == 24, count
     loader.close()
     ds.close()
+child = os.fork()
+if child == 0:  # a forked child that exits through atexit leaves its parent's alone
+    sys.exit(0)
+os.waitpid(child, 0)
 print(len(list(Path(sys.argv[3]).glob("fastdata-index-*"))))
 """
 
@@ -112,5 +117,28 @@ def test_the_temporary_index_of_an_uncreatable_cache_is_removed_when_the_process
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split()[-1] == "2"  # both opens built one, in use while it ran
+    assert done.stdout.split()[-1] == "2"  # both opens built one, kept while it ran
+    assert list(scratch.glob("fastdata-index-*")) == []
+
+
+def test_the_temporary_index_of_a_build_that_failed_is_removed_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    from fastdata.index import _open, open_index
+
+    _dataset(tmp_path / "data")
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"in the way")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the build broke")
+
+    monkeypatch.setattr(_open, "build", broken)
+    with pytest.raises(RuntimeError, match="the build broke"):
+        open_index(str(tmp_path / "data"), layout="files", cache_dir=str(blocker / "cache"))
     assert list(scratch.glob("fastdata-index-*")) == []
