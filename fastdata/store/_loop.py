@@ -20,7 +20,7 @@ inside ``pyo3_async_runtimes::generic::set_result``). CPython 3.12 and 3.13 end 
 thread the same way. So an exit hook (:func:`drain_handoffs`, registered at import, so
 that it runs after the hooks of the modules that use the store) waits, before the
 interpreter finalizes and for at most ``EXIT_DRAIN_S``, until no store attempt is
-awaited (``IN_FLIGHT``, counted by the retry driver) and no thread that ``threading``
+awaited (``IN_FLIGHT``, counted by the retry driver's ``Counters``) and no thread that ``threading``
 did not start is inside asyncio's ``call_soon_threadsafe``; it sleeps a millisecond a
 round, which lets those threads take the GIL and leave. An event loop whose
 ``call_soon_threadsafe`` has no Python frame (uvloop) is not seen; fastdata's loop is
@@ -38,7 +38,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from fastdata._fork import PerProcess, current_pid
+from fastdata._fork import PerProcess, current_pid, reset_in_forked_child
 
 __all__ = [
     "EXIT_DRAIN_S",
@@ -60,9 +60,15 @@ _HANDOFF = "call_soon_threadsafe"
 
 
 class _InFlight:
-    """Store attempts awaited now, in every store of this process (NOTE[loop-exit])."""
+    """Store attempts awaited now, in every store of this process (NOTE[loop-exit]);
+    ``Counters.enter``/``leave`` keep it. A forked child starts at 0: the parent's
+    attempts are not its own."""
 
     def __init__(self) -> None:
+        self._reset()
+        reset_in_forked_child(self)
+
+    def _reset(self) -> None:
         self._lock = threading.Lock()
         self.count = 0
 

@@ -71,17 +71,20 @@ class Counters:
             self._values[name] += amount
 
     def enter(self) -> None:
-        """An attempt starts: one more request, and one more in flight."""
+        """An attempt starts: one more request, and one more in flight (here and in the
+        process's ``IN_FLIGHT``, NOTE[loop-exit])."""
         with self._lock:
             self._values["requests"] += 1
             self._in_flight += 1
             if self._in_flight > self._max_in_flight:
                 self._max_in_flight = self._in_flight
+        IN_FLIGHT.enter()
 
     def leave(self) -> None:
         """A request ended, however it ended."""
         with self._lock:
             self._in_flight -= 1
+        IN_FLIGHT.leave()
 
     def snapshot(self, backend: str) -> StoreStats:
         """A consistent copy of every counter."""
@@ -141,15 +144,6 @@ class RetryEnv:
     """``host:port`` (or a name) of the server, for messages."""
 
 
-async def _tracked(attempt: Callable[[], Awaitable[T]]) -> T:
-    """One attempt, counted in ``IN_FLIGHT`` while it is awaited (NOTE[loop-exit])."""
-    IN_FLIGHT.enter()
-    try:
-        return await attempt()
-    finally:
-        IN_FLIGHT.leave()
-
-
 async def retrying(attempt: Callable[[], Awaitable[T]], ctx: OpContext, env: RetryEnv) -> T:
     """Run ``attempt`` until it succeeds, a fault is permanent, or the budget is spent.
 
@@ -172,9 +166,9 @@ async def retrying(attempt: Callable[[], Awaitable[T]], ctx: OpContext, env: Ret
             if bound is not None and attempts == 1 and started + bound <= deadline:
                 # The client's own timeout already ends this attempt within the budget,
                 # and an asyncio timer per request costs more than the rest of this loop.
-                return await _tracked(attempt)
+                return await attempt()
             async with asyncio.timeout_at(deadline):
-                return await _tracked(attempt)
+                return await attempt()
         except Exception as exc:
             failure = _failure_of(exc, env, loop.time() >= deadline)
             if not failure.retryable:

@@ -175,3 +175,24 @@ def test_store_attempts_are_counted_while_they_are_awaited() -> None:
     asyncio.run(cancelled())
     assert seen == [1, 1, 1]
     assert _loop.IN_FLIGHT.count == before
+
+
+def test_a_forked_child_starts_with_no_attempt_in_flight(tmp_path: Path) -> None:
+    """The parent's attempts are not the child's: a child forked while one is awaited
+    would otherwise wait the whole bound at its exit for an attempt it never made."""
+    import os
+
+    _loop.IN_FLIGHT.enter()  # an attempt of this process, awaited while it forks
+    try:
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:  # pragma: no cover - runs in the child
+            os.write(write, str(_loop.IN_FLIGHT.count).encode())
+            os._exit(0)
+        os.close(write)
+        got = os.read(read, 64).decode()
+        os.close(read)
+        os.waitpid(child, 0)
+    finally:
+        _loop.IN_FLIGHT.leave()
+    assert got == "0"
