@@ -340,7 +340,7 @@ class SampleIndex:
     def hint(self, store: Store, sample_ids: Any, elsewhere: Any = None) -> None:
         """The samples read next, in order (the cache's hint): plan the readahead of
         their Parquet row groups or shard chunks (NOTE[range-readahead] in
-        ``fastdata/layouts/ranges.py``). Fetches nothing by itself. ``elsewhere``: ids
+        ``fastdata/layouts/_readahead.py``). Fetches nothing by itself. ``elsewhere``: ids
         other processes read instead (NOTE[worker-share]), left out of fetched chunks.
 
         Raises:

@@ -154,12 +154,14 @@ def test_a_plan_is_read_ahead_once_after_the_first_read_and_served_from_memory()
     memo, fetch = SharedRanges(), Fetcher()
     memo.plan_ahead(plan([0, 1, 2, 3, 4, 5]), fetch)
     assert fetch.calls == []  # a plan alone fetches nothing: a warm epoch never reads
-    assert read(memo, [0, 1], fetch) == [0, 1]  # the cache missed: the plan starts
+    assert read(memo, [0, 1], fetch) == [0, 1]  # the walk's first read: left to itself
+    assert fetch.calls == [[0]]
+    assert read(memo, [2], fetch) == [2]  # the cache missed again: the plan starts
     wait_for(lambda: memo.read_ahead == 5, "five ranges read ahead")
     fetched = sorted(r for call in fetch.calls for r in call)
     assert fetched == [0, 1, 2, 3, 4, 5]  # each range once: range 0 by the read itself
     calls = len(fetch.calls)
-    every = [i for i in range(2, 60)]
+    every = [i for i in range(3, 60)]
     assert read(memo, every, fetch) == every
     assert len(fetch.calls) == calls  # all of it from the rows read ahead
     assert memo._ranges == {}
@@ -172,6 +174,7 @@ def test_a_read_waits_for_the_range_being_read_ahead_instead_of_fetching_it() ->
     memo.plan_ahead(plan([1]), ahead)
     first = Fetcher()
     assert read(memo, [0], first) == [0]
+    assert read(memo, [1], first) == [1]  # the walk's second read starts the plan
     assert ahead.entered.wait(10)
     got: list[list[int]] = []
     reader = threading.Thread(target=lambda: got.append(read(memo, [11, 12], first)))
@@ -188,6 +191,7 @@ def test_readahead_stays_within_a_quarter_of_the_budget_and_resumes_as_rows_are_
     memo, fetch = SharedRanges(budget=budget), Fetcher()
     memo.plan_ahead(plan(list(range(1, 20))), fetch)
     read(memo, [0], fetch)
+    read(memo, [1], fetch)  # the walk's second read starts the plan
     wait_for(lambda: memo.read_ahead >= 1, "readahead to start")
     for _ in range(50):  # let any thread that would overrun do so
         threading.Event().wait(0.002)
@@ -211,6 +215,7 @@ def test_a_failed_readahead_leaves_the_batch_to_fetch_and_see_its_own_error() ->
 
     memo.plan_ahead(plan([1, 2]), broken)
     read(memo, [0], Fetcher())
+    read(memo, [1], Fetcher())  # the walk's second read starts the plan
     assert failed.wait(10)
     wait_for(lambda: memo._ahead_threads == 0, "readahead threads to end")
     fetch = Fetcher()
@@ -244,20 +249,21 @@ def test_a_readahead_thread_that_cannot_start_costs_the_read_nothing(
 def test_readahead_that_stopped_waiting_for_room_starts_again_on_the_next_miss(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A readahead thread gives up after waiting _WAIT_S for room in the budget; the plan
+    """A readahead thread gives up after waiting WAIT_S for room in the budget; the plan
     must not stay armed with no thread to run it."""
-    from fastdata.layouts import ranges
+    from fastdata.layouts import _readahead
 
-    monkeypatch.setattr(ranges, "_WAIT_S", 0.05)
+    monkeypatch.setattr(_readahead, "WAIT_S", 0.05)
     budget = 4 * 2 * KEPT  # a quarter holds two ranges
     memo, fetch = SharedRanges(budget=budget), Fetcher()
     memo.plan_ahead(plan(list(range(1, 8))), fetch)
     read(memo, [0], fetch)  # rows 1-9 of range 0 stay kept: the quarter fills
+    read(memo, [1], fetch)  # the walk's second read starts the plan
     wait_for(lambda: memo.read_ahead >= 1, "readahead to start")
     wait_for(lambda: memo._ahead_threads == 0, "readahead to give up waiting for room")
     ahead = memo.read_ahead
     for r in range(0, ahead + 1):  # read what is kept: room again
-        read(memo, [r * ROWS + i for i in range(ROWS) if (r, i) != (0, 0)], fetch)
+        read(memo, [r * ROWS + i for i in range(ROWS) if r or i > 1], fetch)
     read(memo, [(ahead + 1) * ROWS], fetch)  # a miss: the plan goes on
     wait_for(lambda: memo.read_ahead > ahead, "readahead to go on")
 
@@ -284,7 +290,7 @@ def test_a_large_range_a_batch_is_fetching_is_not_shared_with_readahead() -> Non
 
     def fetch(rids: list[int]) -> dict[int, dict[int, tuple[Any, int]]]:
         log.extend(("start", r) for r in rids)
-        if rids == [0]:
+        if rids == [1]:
             entered.set()
             assert gate.wait(30)
         log.extend(("end", r) for r in rids)
@@ -292,17 +298,18 @@ def test_a_large_range_a_batch_is_fetching_is_not_shared_with_readahead() -> Non
 
     memo = SharedRanges(budget=64 * big)
     memo._room = Room(memo._lock)
-    memo.plan_ahead([(r, big) for r in range(4)], fetch)
-    batch = threading.Thread(target=lambda: memo.read([0], [0], fetch))
-    batch.start()
+    memo.plan_ahead([(r, big) for r in range(5)], fetch)
+    memo.read([0], [0], fetch)  # the walk's first read (NOTE[first-read-first])
+    batch = threading.Thread(target=lambda: memo.read([ROWS], [1], fetch))
+    batch.start()  # the second: it starts the plan while it fetches range 1 itself
     assert entered.wait(30)
     assert parked.wait(30)  # readahead is waiting, not fetching
-    assert log == [("start", 0)]
+    assert log == [("start", 0), ("end", 0), ("start", 1)]
     gate.set()
     batch.join(30)
-    wait_for(lambda: memo.read_ahead == 3, "ranges 1-3 read ahead")
+    wait_for(lambda: memo.read_ahead == 3, "ranges 2-4 read ahead")
     # One at a time: each range read ahead started after the one before it ended.
-    assert log == [(e, r) for r in range(4) for e in ("start", "end")]
+    assert log == [(e, r) for r in range(5) for e in ("start", "end")]
 
 
 def test_the_next_range_is_fetched_while_the_one_that_arrived_decodes() -> None:
@@ -329,8 +336,68 @@ def test_the_next_range_is_fetched_while_the_one_that_arrived_decodes() -> None:
     fetch = Decoding()
     memo.plan_ahead([(r, big) for r in range(4)], fetch)
     assert read(memo, [0], fetch) == [0]
+    assert read(memo, [1], fetch) == [1]  # the walk's second read starts the plan
     wait_for(lambda: memo.read_ahead == 3, "three ranges read ahead")
     assert entered[0] == 0
     assert sorted(entered) == [0, 1, 2, 3]
     assert memo._ahead_bytes == 0
     assert memo._decoding_bytes == 0
+
+
+class HeldFor(Fetcher):
+    """Blocks the fetch of range ``held`` until ``gate`` is set (a readahead thread that
+    fetches it stays alive and counted)."""
+
+    def __init__(self, held: int, gate: threading.Event) -> None:
+        super().__init__()
+        self.held, self.hold = held, gate
+
+    def __call__(self, rids: list[int]) -> dict[int, dict[int, tuple[Any, int]]]:
+        if self.held in rids:
+            assert self.hold.wait(10)
+        return super().__call__(rids)
+
+
+def test_the_walks_first_read_has_the_store_and_the_cores_to_itself() -> None:
+    """Issue 21: a cold Parquet epoch's first batch took 0.84-1.35 s in the peers bench,
+    0.14-0.17 s of it the fetch of its own 100 MB row group. The readahead its first read
+    started fetched the next row groups and decoded them beside that read's decode and
+    the batch's gather. The plan now starts with the walk's second read (the prefetcher
+    sends it once the first batch is out, NOTE[prefetch-ramp])."""
+    gate = threading.Event()
+    memo, ahead = SharedRanges(), HeldFor(1, gate)
+    memo.plan_ahead(plan([0, 1, 2, 3]), ahead)
+    threads: list[int] = []
+
+    class First(Fetcher):
+        def __call__(self, rids: list[int]) -> dict[int, dict[int, tuple[Any, int]]]:
+            threads.append(memo._ahead_threads)  # readahead started by now, if at all
+            return super().__call__(rids)
+
+    first = First()
+    assert read(memo, [0], first) == [0]
+    assert threads == [0]
+    assert memo._ahead_threads == 0
+    assert read(memo, [1], first) == [1]  # the second read starts the plan
+    gate.set()
+    wait_for(lambda: memo.read_ahead == 3, "ranges 1-3 read ahead")
+    assert first.calls == [[0]]
+    assert sorted(r for call in ahead.calls for r in call) == [1, 2, 3]
+
+
+def test_a_plan_given_with_nothing_kept_starts_a_new_walk() -> None:
+    """An epoch's first read is left to itself too: a plan given while nothing is kept or
+    read ahead (the last epoch read every row) holds readahead until a read returns."""
+    gate = threading.Event()
+    memo, fetch = SharedRanges(), HeldFor(2, gate)
+    memo.plan_ahead(plan([0, 1]), fetch)
+    assert read(memo, list(range(ROWS)), fetch) == list(range(ROWS))  # all of range 0
+    assert memo._ranges == {}
+    memo.plan_ahead(plan([1, 2]), fetch)  # the next epoch
+    assert read(memo, [ROWS], fetch) == [ROWS]
+    assert memo._ahead_threads == 0  # range 2 would hold a readahead thread here
+    assert fetch.calls == [[0], [1]]
+    gate.set()
+    assert read(memo, [ROWS + 1], fetch) == [ROWS + 1]  # kept: the plan starts
+    wait_for(lambda: memo.read_ahead == 1, "range 2 read ahead")
+    assert fetch.calls == [[0], [1], [2]]
