@@ -1,6 +1,6 @@
 """Readahead of the shared ranges a walk will ask for next (NOTE[range-readahead]).
 
-:class:`Readahead` is the readahead half of ``SharedRanges`` (``ranges.py``): the plan,
+:class:`RangeReadahead` is the readahead half of ``SharedRanges`` (``ranges.py``): the plan,
 its threads, and the in-flight and decoding counts that bound them. It shares the kept
 rows' lock and reads the kept ranges, which ``SharedRanges`` owns.
 
@@ -9,41 +9,44 @@ groups) keeps the store busy only part of the time: a batch fetches the ranges i
 and the next batch's fetch starts only when a prefetch thread is free (issue 15: 7 calls
 for 64 ranges, mostly one in flight, 0.64x the range ceiling with no cache at all). So
 the cache's hint (the planned samples of the next batches, in order) reaches the index,
-which tells :meth:`SharedRanges.plan_ahead` which ranges come next and in what order.
-The plan starts on the next :meth:`SharedRanges.read` (the second of a walk:
+which tells :meth:`SharedRanges.plan_ahead` which ranges come next and in what order. The
+plan starts on the next :meth:`SharedRanges.read` (the second of a walk:
 NOTE[first-read-first]), which is only ever called for samples the cache missed: a warm
 epoch never reads ahead. Two readahead threads then fetch the planned ranges that are
 neither kept nor being fetched, in plan order, a few per call, like a batch's own fetch
-(claimed, so a batch that needs one waits for it instead of fetching it again). Readahead is bounded: at most ``READAHEAD_RANGES``
-ranges in flight, and it stops while the kept rows and the ranges in flight would pass
-a quarter of the budget; it resumes as rows are read. A range is read ahead at most once
-per plan, and only while the ranges in flight, the batches' own fetches included, stay
-within ``READAHEAD_INFLIGHT_BYTES`` (or nothing is in flight): with 100 MB Parquet row
-groups, four read ahead at once shared the store with the first batch's own row group,
-whose wait became the whole window's (2.9 s for the first batch with shuffle off). A
-range counts as in flight only until its bytes arrive (the fetch calls
-:meth:`SharedRanges.arrived` before it decodes them): before, the next 100 MB row group's
-fetch waited for the previous one's decode, so fetch and decode never overlapped (issue
-21). A readahead that fails only gives up its claims: the batch that needs the range
-fetches it itself and sees its own error. Readahead is optional: a thread that cannot
-start (the process's thread limit) costs the read nothing, and readahead threads that
-gave up waiting for room leave the plan to be started again by the next miss. Rows a
-plan fetched for samples the cache already held (a partly warm epoch) are dropped like
-any unread rows.
+(claimed, so a batch that needs one waits for it instead of fetching it again). Readahead
+is bounded: at most ``READAHEAD_RANGES`` ranges in flight, and it stops while the kept
+rows and the ranges in flight would pass a quarter of the budget; it resumes as rows are
+read. A range is read ahead at most once per plan, and only while the ranges in flight,
+the batches' own fetches included, stay within ``READAHEAD_INFLIGHT_BYTES`` (or nothing
+is in flight): with 100 MB Parquet row groups, four read ahead at once shared the store
+with the first batch's own row group, whose wait became the whole window's (2.9 s for the
+first batch with shuffle off). A range counts as in flight only until its bytes arrive
+(the fetch calls :meth:`SharedRanges.arrived` before it decodes them): before, the next
+100 MB row group's fetch waited for the previous one's decode, so fetch and decode never
+overlapped (issue 21). A readahead that fails only gives up its claims: the batch that
+needs the range fetches it itself and sees its own error. Readahead is optional: a thread
+that cannot start (the process's thread limit) costs the read nothing, and readahead
+threads that gave up waiting for room leave the plan to be started again by the next
+miss. Rows a plan fetched for samples the cache already held (a partly warm epoch) are
+dropped like any unread rows.
 
-NOTE[first-read-first]: the walk's first read is left to itself: a plan given while
-nothing is kept or read ahead (an epoch's start) starts with the read after the first one
-that returns, which the prefetcher sends once the first batch is delivered
-(NOTE[prefetch-ramp]). Before, the first read started it, and the next 100 MB row groups'
-fetches (the part copies and first-touch page faults of the store's loop) and their eager
-decodes shared the two cores with that read's decode and its batch's gather: in the
-peers bench the first batch took 0.84-1.35 s, 0.14-0.17 s of it the fetch of its own row
-group (issue 21). Readahead then starts one batch later, and the first batch's own fetch
-is the only one in flight.
+NOTE[first-read-first]: the walk's first read is left to itself. A plan whose first range
+is neither kept nor being fetched, given while no readahead thread runs (an epoch's start,
+or a walk that got ahead of its readahead), starts only with a read that begins after a
+read returned; with the prefetcher's ramp (NOTE[prefetch-ramp]) that is the second batch,
+sent once the first is delivered. Before, the first read started it, and the next 100 MB
+row groups' fetches (the part copies and first-touch page faults of the store's loop) and
+their eager decodes shared the two cores with that read's decode and its batch's gather:
+in the peers bench the first batch took 0.73-1.35 s (4 runs), 0.14-0.17 s of it the fetch
+of its own row group (issue 21). Readahead then starts one batch later (``depth`` batches
+later where the prefetcher does not ramp), and the first batch's own fetch is the only
+one in flight.
 """
 
 from __future__ import annotations
 
+import abc
 import collections
 import logging
 import threading
@@ -52,7 +55,7 @@ from typing import Any
 
 from fastdata.layouts.chunks import CHUNK_BYTES
 
-__all__ = ["READAHEAD_INFLIGHT_BYTES", "READAHEAD_RANGES", "WAIT_S", "Fetch", "Readahead"]
+__all__ = ["READAHEAD_INFLIGHT_BYTES", "READAHEAD_RANGES", "WAIT_S", "Fetch", "RangeReadahead"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +81,7 @@ Fetch = Callable[[list[int]], dict[int, dict[int, tuple[Any, int]]]]
 """Fetches whole ranges: ``{range id: {sample id: (sample, estimated bytes)}}``."""
 
 
-class Readahead:
+class RangeReadahead(abc.ABC):
     """The readahead state and threads of a ``SharedRanges`` (NOTE[range-readahead]).
 
     It runs under the kept rows' ``_lock`` and uses what ``SharedRanges`` keeps: the
@@ -96,10 +99,11 @@ class Readahead:
     kind: str
     read_ahead: int
 
+    @abc.abstractmethod
     def _claim(self, rid: int) -> None:
         """Claim range ``rid`` for a fetch about to start (lock held)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _fill(
         self,
         rids: list[int],
@@ -110,7 +114,6 @@ class Readahead:
         keep: bool = True,
     ) -> None:
         """Fetch ``rids`` and keep their rows (``SharedRanges._fill``)."""
-        raise NotImplementedError
 
     def _reset_ahead(self) -> None:
         self._plan: collections.deque[tuple[int, int]] = collections.deque()
@@ -133,13 +136,13 @@ class Readahead:
         self._ahead_threads = 0
         self._room = threading.Condition(self._lock)
         self._starting = False
-        """A plan was given with nothing kept or read ahead, and no read has returned
-        since: readahead waits for the read after the first (NOTE[first-read-first])."""
+        """A walk starts (NOTE[first-read-first]): no read arms the plan until one returned."""
 
     def plan_ahead(self, order: Sequence[tuple[int, int]], fetch: Fetch) -> None:
         """Replace the readahead plan: ``(range id, estimated bytes)`` in the order the
-        ranges will be asked for; it starts on the next :meth:`read`
-        (NOTE[range-readahead]).
+        ranges will be asked for; it starts on the next ``SharedRanges.read``, or on the
+        first one after a read returned when the walk starts (NOTE[range-readahead],
+        NOTE[first-read-first]).
 
         Args:
             order: The ranges, each once, in order of first need.
@@ -154,8 +157,14 @@ class Readahead:
             self._plan_fetch = fetch
             self._armed = False
             self._done = set()
-            if not self._ranges and not self._ahead_threads:  # NOTE[first-read-first]
-                self._starting = True
+            first = order[0][0] if order else None
+            if first is not None and first not in self._ranges and not self._ahead_threads:
+                self._starting = True  # NOTE[first-read-first]
+
+    def _read_returned(self) -> None:
+        """A read returned or raised: the walk has started (NOTE[first-read-first])."""
+        with self._lock:
+            self._starting = False
 
     def _start_ahead(self, count: int) -> None:
         """Start ``count`` readahead threads (counted by :meth:`_arm`); one that cannot
@@ -173,8 +182,9 @@ class Readahead:
                 return
 
     def _arm(self) -> int:
-        """Start a pending plan (lock held): how many readahead threads to start."""
-        if self._armed or not self._plan or not self.keeping:
+        """Start a pending plan (lock held): how many readahead threads to start; none
+        while the walk's first read has not returned (NOTE[first-read-first])."""
+        if self._starting or self._armed or not self._plan or not self.keeping:
             return 0
         self._armed = True
         start = _READAHEAD_THREADS - self._ahead_threads

@@ -44,17 +44,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastdata._fork import reset_in_forked_child
-from fastdata.layouts._readahead import (
-    READAHEAD_INFLIGHT_BYTES,
-    READAHEAD_RANGES,
-    WAIT_S,
-    Fetch,
-    Readahead,
-)
+from fastdata.layouts import _readahead
+from fastdata.layouts._readahead import Fetch, RangeReadahead
 
 __all__ = [
-    "READAHEAD_INFLIGHT_BYTES",
-    "READAHEAD_RANGES",
     "ROW_OVERHEAD_BYTES",
     "SHARED_RANGE_BYTES",
     "SharedRanges",
@@ -89,7 +82,7 @@ class _Range:
     driving: threading.Lock = field(default_factory=threading.Lock)  # held to decode ``more``
 
 
-class SharedRanges(Readahead):
+class SharedRanges(RangeReadahead):
     """Kept rows of shared ranges, by range id; thread-safe.
 
     Args:
@@ -159,9 +152,7 @@ class SharedRanges(Readahead):
         try:
             return self._read(sample_ids, range_of, fetch, lazy)
         finally:
-            if self._starting:  # the walk's first read is done (NOTE[first-read-first])
-                with self._lock:
-                    self._starting = False
+            self._read_returned()  # NOTE[first-read-first]
 
     def _read(
         self,
@@ -170,7 +161,7 @@ class SharedRanges(Readahead):
         fetch: Fetch,
         lazy: Lazy | None,
     ) -> dict[int, Any]:
-        """:meth:`read`, the walk's first read left to itself (NOTE[first-read-first])."""
+        """:meth:`read`'s body; :meth:`read` then notes that a read returned."""
         out: dict[int, Any] = {}
         want: dict[int, list[int]] = {}
         for sid, rid in zip(sample_ids, range_of, strict=True):
@@ -190,7 +181,7 @@ class SharedRanges(Readahead):
                     waits.append((rid, kept))
                 elif self._take(rid, kept, sids, out):  # some were read: fetch it again
                     (mine if lazy is None else again).append(rid)
-            start = 0 if self._starting else self._arm()
+            start = self._arm()
             demand = sum(self._sizes.get(rid, 0) for rid in mine)
             self._demand_bytes += demand
         try:
@@ -206,7 +197,7 @@ class SharedRanges(Readahead):
         if again:
             self._fill(again, want, fetch, out, keep=False)
         for rid, kept in waits:
-            kept.ready.wait(WAIT_S)
+            kept.ready.wait(_readahead.WAIT_S)
             if self._drive(rid, kept, want[rid], out):
                 self._fill([rid], want, fetch, out, keep=False)
         return out

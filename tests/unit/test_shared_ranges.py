@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fastdata.layouts.ranges import READAHEAD_INFLIGHT_BYTES, SharedRanges
+from fastdata.layouts._readahead import READAHEAD_INFLIGHT_BYTES
+from fastdata.layouts.ranges import SharedRanges
 from fastdata.plan import EpochOrder, PlanConfig
 
 ROWS = 10  # rows per range; range r holds ids r*10 .. r*10+9
@@ -229,17 +230,23 @@ def test_a_readahead_thread_that_cannot_start_costs_the_read_nothing(
     """Readahead is optional: a thread that cannot start (the process is at its thread
     limit) must neither fail the read that arms the plan nor use up the plan's threads."""
     real_start = threading.Thread.start
+    refused: list[str] = []
 
     def refuse(self: threading.Thread) -> None:
         if self.name == "fastdata-readahead":
+            refused.append(self.name)
             raise RuntimeError("can't start new thread")
         real_start(self)
 
     memo, fetch = SharedRanges(), Fetcher()
     memo.plan_ahead(plan([0, 1, 2, 3]), fetch)
     monkeypatch.setattr(threading.Thread, "start", refuse)
-    assert read(memo, [0, 1], fetch) == [0, 1]
+    assert read(memo, [0, 1], fetch) == [0, 1]  # the walk's first read: no readahead yet
+    assert read(memo, [2], fetch) == [2]  # this one arms the plan; its threads are refused
+    assert refused == ["fastdata-readahead"]  # the first refusal gives up the rest
     assert fetch.calls == [[0]]  # nothing read ahead, and nothing claimed for it
+    assert memo._ahead_threads == 0
+    assert not memo._armed
     monkeypatch.setattr(threading.Thread, "start", real_start)
     assert read(memo, [15], fetch) == [15]  # the next miss starts the plan
     wait_for(lambda: memo.read_ahead == 2, "ranges 2 and 3 read ahead")
@@ -274,9 +281,7 @@ def test_a_large_range_a_batch_is_fetching_is_not_shared_with_readahead() -> Non
     so it got a quarter of the store. Readahead now waits while the ranges in flight,
     the batch's own included, would pass READAHEAD_INFLIGHT_BYTES; with nothing in
     flight it takes one range, however large."""
-    from fastdata.layouts import ranges
-
-    big = ranges.READAHEAD_INFLIGHT_BYTES  # each range alone fills the in-flight bytes
+    big = READAHEAD_INFLIGHT_BYTES  # each range alone fills the in-flight bytes
     gate = threading.Event()
     log: list[tuple[str, int]] = []
     parked = threading.Event()
@@ -359,7 +364,7 @@ class HeldFor(Fetcher):
 
 
 def test_the_walks_first_read_has_the_store_and_the_cores_to_itself() -> None:
-    """Issue 21: a cold Parquet epoch's first batch took 0.84-1.35 s in the peers bench,
+    """Issue 21: a cold Parquet epoch's first batch took 0.73-1.35 s in the peers bench,
     0.14-0.17 s of it the fetch of its own 100 MB row group. The readahead its first read
     started fetched the next row groups and decoded them beside that read's decode and
     the batch's gather. The plan now starts with the walk's second read (the prefetcher
@@ -386,8 +391,9 @@ def test_the_walks_first_read_has_the_store_and_the_cores_to_itself() -> None:
 
 
 def test_a_plan_given_with_nothing_kept_starts_a_new_walk() -> None:
-    """An epoch's first read is left to itself too: a plan given while nothing is kept or
-    read ahead (the last epoch read every row) holds readahead until a read returns."""
+    """An epoch's first read is left to itself too: a plan whose first range is neither
+    kept nor being fetched (here the last epoch read every row) holds readahead until a
+    read returns."""
     gate = threading.Event()
     memo, fetch = SharedRanges(), HeldFor(2, gate)
     memo.plan_ahead(plan([0, 1]), fetch)
@@ -401,3 +407,20 @@ def test_a_plan_given_with_nothing_kept_starts_a_new_walk() -> None:
     assert read(memo, [ROWS + 1], fetch) == [ROWS + 1]  # kept: the plan starts
     wait_for(lambda: memo.read_ahead == 1, "range 2 read ahead")
     assert fetch.calls == [[0], [1], [2]]
+
+
+def test_rows_the_last_epoch_left_unread_do_not_end_the_hold() -> None:
+    """Rows kept but never read (``drop_last``, another worker's rows) stay in the kept
+    ranges: the next epoch's plan still starts a new walk when its first range is not
+    among them."""
+    gate = threading.Event()
+    memo, fetch = SharedRanges(), HeldFor(2, gate)
+    memo.plan_ahead(plan([0, 1]), fetch)
+    read(memo, list(range(ROWS - 1)), fetch)  # row 9 of range 0 stays kept, unread
+    assert memo._ranges != {}
+    memo.plan_ahead(plan([1, 2]), fetch)
+    assert read(memo, [ROWS], fetch) == [ROWS]
+    assert memo._ahead_threads == 0
+    gate.set()
+    assert read(memo, [ROWS + 1], fetch) == [ROWS + 1]
+    wait_for(lambda: memo.read_ahead == 1, "range 2 read ahead")
