@@ -29,7 +29,9 @@ behind. Each worker asks the kernel for ``SIGTERM`` when its parent dies
 ``forkserver``, which exits when the trainer's end of its pipe closes) and runs a thread
 that waits on a pidfd of the trainer itself (polling it where pidfds are missing). Either
 way the worker closes its datasets (the LMDB tier saves its node counters and gives back
-its reader slot) for at most ``_RELEASE_S`` and then exits with ``os._exit``.
+its reader slot) for at most ``_RELEASE_S`` and then exits with ``os._exit``. The
+signal can come more than once, nested in its own handler: :func:`_exit_after` claims the
+exit without blocking.
 
 NOTE[worker-threads]: with a :class:`fastdata.Dataset`, a worker process would only do
 what the prefetcher's threads already do (read records through the cache, gather them
@@ -99,7 +101,8 @@ _POLL_S = 0.5
 _PUBLISH_S = 0.5
 _SLOT_BYTES = 64 * 1024
 _PR_SET_PDEATHSIG = 1
-_exiting = threading.Event()
+_exit_claim = threading.Lock()
+"""Taken once, never released, by the call of :func:`_exit_after` that starts the exit."""
 
 
 # -- starting (NOTE[worker-start]) ---------------------------------------------------------
@@ -323,18 +326,32 @@ def _alive(pid: int) -> bool:
 
 
 def _exit_after(release: Callable[[], None]) -> None:
-    """Release (for at most ``_RELEASE_S``), then leave; idempotent, from any thread."""
-    if _exiting.is_set():
+    """Release (for at most ``_RELEASE_S``), then leave; idempotent, from any thread and
+    from a signal handler that interrupts it.
+
+    The parent-death signal can arrive more than once (the kernel sends it again as the
+    dying trainer's threads exit), and a second ``SIGTERM`` runs its handler inside the
+    first one. The claim is one non-blocking ``acquire``: a ``threading.Event`` here took
+    its condition's lock in ``set()``, so a handler run between that and the flag blocked
+    on a lock its own thread held, and the worker outlived its trainer for good (the one
+    way found for a CI run of ``test_sigkill_of_the_trainer_leaves_no_process_or_reader_slot``
+    that left a worker alive).
+    """
+    if not _exit_claim.acquire(blocking=False):
         return
-    _exiting.set()
 
     def run() -> None:
-        done = threading.Thread(target=_quietly, args=(release,), daemon=True)
-        done.start()
-        done.join(_RELEASE_S)
-        os._exit(0)
+        try:
+            done = threading.Thread(target=_quietly, args=(release,), daemon=True)
+            done.start()
+            done.join(_RELEASE_S)
+        finally:
+            os._exit(0)
 
-    threading.Thread(target=run, name="fastdata-worker-exit", daemon=True).start()
+    try:
+        threading.Thread(target=run, name="fastdata-worker-exit", daemon=True).start()
+    except BaseException:  # no thread to release from: leave now rather than never
+        os._exit(0)
 
 
 def _quietly(release: Callable[[], None]) -> None:

@@ -357,6 +357,56 @@ def test_sigkill_of_the_trainer_leaves_no_process_or_reader_slot(
                 os.kill(pid, signal.SIGKILL)
 
 
+REENTRY = """
+import signal, sys, threading, time
+from fastdata.loader import _worker_proc as workers
+
+reported = threading.Event()
+
+def release():
+    reported.wait(30)  # the process ends when this returns: let the main thread report
+    print("released", flush=True)
+
+fired = []
+
+def tracer(frame, event, arg):
+    # Just after the first exit took a lock inside threading (a condition's), a second
+    # parent-death SIGTERM arrives: its handler runs nested in this one.
+    if event == "return" and frame.f_code is threading.Condition.__enter__.__code__ and not fired:
+        fired.append(1)
+        signal.raise_signal(signal.SIGTERM)
+    return tracer
+
+workers._RELEASE_S = 30.0  # release waits for the report: no exit before it
+signal.signal(signal.SIGTERM, lambda *_: workers._exit_after(release))
+sys.settrace(tracer)
+workers._exit_after(release)  # the first SIGTERM's handler
+sys.settrace(None)
+print("fired", len(fired), flush=True)
+reported.set()
+for _ in range(600):  # bounded: the exit thread ends the process
+    time.sleep(0.1)
+sys.exit(3)
+"""
+
+
+def test_a_second_sigterm_inside_the_first_exit_still_ends_the_worker() -> None:
+    """NOTE[worker-death]: the parent-death SIGTERM can come twice. A CI run left a
+    worker alive after its trainer's SIGKILL: the second signal's handler ran inside the
+    first one's ``threading.Event.set`` and waited for the lock its own thread held."""
+    done = subprocess.run(
+        [sys.executable, "-c", REENTRY],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "fired 1" in done.stdout
+    assert done.stdout.count("released") == 1
+
+
 # -- NOTE[worker-threads]: processes only for Python to run --------------------------------
 
 
