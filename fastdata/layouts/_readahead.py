@@ -86,8 +86,8 @@ class RangeReadahead(abc.ABC):
 
     It runs under the kept rows' ``_lock`` and uses what ``SharedRanges`` keeps: the
     ranges kept or claimed (``_ranges``), their bytes, ``budget``, ``keeping`` and the
-    thread's pending fill (``_local``); a readahead thread fetches with ``_fill`` and
-    claims a range with ``_claim``.
+    thread's pending fill (``_local``); a readahead thread claims a range with ``_claim``
+    and fetches it with ``_fill_ahead``.
     """
 
     _lock: threading.Lock
@@ -104,16 +104,8 @@ class RangeReadahead(abc.ABC):
         """Claim range ``rid`` for a fetch about to start (lock held)."""
 
     @abc.abstractmethod
-    def _fill(
-        self,
-        rids: list[int],
-        want: dict[int, list[int]],
-        fetch: Fetch,
-        out: dict[int, Any],
-        *,
-        keep: bool = True,
-    ) -> None:
-        """Fetch ``rids`` and keep their rows (``SharedRanges._fill``)."""
+    def _fill_ahead(self, rids: list[int], fetch: Fetch) -> None:
+        """Fetch the claimed ranges ``rids`` with ``fetch`` and keep all their rows."""
 
     def _reset_ahead(self) -> None:
         self._plan: collections.deque[tuple[int, int]] = collections.deque()
@@ -244,7 +236,7 @@ class RangeReadahead(abc.ABC):
                 rids, nbytes, fetch = job
                 try:
                     self._local.pending = ("_ahead_bytes", nbytes)
-                    self._fill(rids, {rid: [] for rid in rids}, fetch, {})
+                    self._fill_ahead(rids, fetch)
                     with self._lock:
                         self.read_ahead += len(rids)
                 except Exception:  # the batch that needs it fetches it again (see the NOTE)

@@ -358,6 +358,10 @@ class SharedRanges(RangeReadahead):
         """Claim range ``rid`` for a fetch about to start (lock held)."""
         self._ranges[rid] = _Range()
 
+    def _fill_ahead(self, rids: list[int], fetch: Fetch) -> None:
+        """Fetch ranges readahead claimed; every row is kept, none is asked for."""
+        self._fill(rids, {rid: [] for rid in rids}, fetch, {})
+
     def _release(self, rid: int) -> None:
         """Forget a claimed range that holds nothing (lock held) and wake its waiters."""
         kept = self._ranges.get(rid)
