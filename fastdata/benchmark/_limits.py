@@ -16,6 +16,10 @@
   batch buffer; with the page cache dropped first (as for fastdata warm), and again with
   the pages in memory.
 * memcpy: ``numpy.copyto`` between two page-aligned buffers (one core).
+* Fresh pages (``fresh_page_writes``): in a new process, the bytes of an epoch written
+  into a new file's page cache, then into anonymous memory the process never touched,
+  then into the same memory again: what the memory a cold epoch touches for the first
+  time costs on this machine (NOTE[fresh-pages]).
 
 Throughput figures are payload MB/s (samples x ``sample_bytes`` / seconds, MB = 1e6
 bytes), the unit of every system in the report.
@@ -23,6 +27,10 @@ bytes), the unit of every system in the report.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,10 +44,12 @@ from fastdata._pagecache import drop_page_cache
 from fastdata.benchmark._measure import cpu_spent, percentiles, process_cpu_s, server_cpu_s
 from fastdata.cache.lmdb import HEADER_BYTES
 from fastdata.config import StoreConfig
+from fastdata.errors import ConfigError
 from fastdata.index import SampleIndex
 from fastdata.store import ByteRange, Store
 
 __all__ = [
+    "fresh_page_writes",
     "get_latency_ms",
     "raw_get_ceiling",
     "lmdb_read",
@@ -67,6 +77,100 @@ def memcpy_gb_per_s(nbytes: int, repeats: int = 5) -> float:
         np.copyto(dst, src)
         best = min(best, time.perf_counter() - started)
     return nbytes / best / 1e9
+
+
+_FRESH_PAGES = r"""
+import json, mmap, os, resource, sys, time
+directory, nbytes = sys.argv[1], int(sys.argv[2])
+piece = 8 << 20
+block = os.urandom(min(piece, nbytes))
+
+def timed(fn):
+    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    fn()
+    seconds, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "seconds": seconds,
+        "cpu_s": r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime,
+        "sys_s": r1.ru_stime - r0.ru_stime,
+        "minflt": r1.ru_minflt - r0.ru_minflt,
+    }
+
+path = os.path.join(directory, f"fresh-pages-{os.getpid()}.bin")
+
+def write_file():
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        done = 0
+        while done < nbytes:
+            done += os.write(fd, memoryview(block)[: min(len(block), nbytes - done)])
+    finally:
+        os.close(fd)
+
+anon = mmap.mmap(-1, nbytes)
+view = memoryview(anon)
+
+def fill():
+    for at in range(0, nbytes, len(block)):
+        n = min(len(block), nbytes - at)
+        view[at : at + n] = block[:n]
+
+try:
+    out = {"page_cache": timed(write_file), "anon_first": timed(fill), "anon_again": timed(fill)}
+finally:
+    if os.path.exists(path):
+        os.unlink(path)
+print(json.dumps(out))
+"""
+
+
+def fresh_page_writes(directory: str | os.PathLike[str], nbytes: int) -> dict[str, Any]:
+    """What writing ``nbytes`` into memory touched for the first time costs here.
+
+    NOTE[fresh-pages]: a cold epoch that caches its records writes every byte into new
+    page-cache pages (LMDB's ``writev``), and its buffers touch anonymous memory the
+    process never used; a baseline that caches nothing and reuses its buffers does
+    neither. On a VM that hands free guest memory back to its host (free page reporting,
+    ballooning), such a first touch costs far more than a copy: the development VM wrote
+    a new file's page cache at 375-443 MB/s in a fresh process, and recycled memory at
+    3,600-9,700 MB/s (docs/benchmark.md, 2026-12-07, fourth session). So it is measured
+    in a new process, whose pages come from the kernel's free memory as a cold epoch's
+    do: the page cache of a new file in ``directory`` (no fsync: the CPU of putting the
+    bytes there; the file is removed), then anonymous memory the process never touched,
+    then the same memory again (what a reused buffer costs). Each entry has
+    ``mb_per_s``, ``cpu_ms_per_mb``, ``sys_share`` and ``faults_per_mb`` besides the raw
+    ``seconds``, ``cpu_s``, ``sys_s`` and ``minflt``.
+
+    Raises:
+        ConfigError: ``nbytes`` is not a positive int, or ``directory`` is not one.
+        RuntimeError: The measuring process failed (its stderr is in the message).
+    """
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
+        raise ConfigError(f"fresh_page_writes needs a positive byte count, got {nbytes!r}")
+    folder = Path(directory)
+    if not folder.is_dir():
+        raise ConfigError(f"fresh_page_writes writes into a directory; {folder} is not one")
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", _FRESH_PAGES, str(folder), str(nbytes)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"the fresh-page probe in {folder} exited {done.returncode}: {done.stderr.strip()}"
+        )
+    out: dict[str, Any] = json.loads(done.stdout)
+    mb = nbytes / 1e6
+    for entry in out.values():
+        cpu = entry["cpu_s"]
+        entry["mb_per_s"] = mb / entry["seconds"] if entry["seconds"] > 0 else float("inf")
+        entry["cpu_ms_per_mb"] = cpu / mb * 1e3
+        entry["sys_share"] = min(1.0, entry["sys_s"] / cpu) if cpu > 0 else 0.0
+        entry["faults_per_mb"] = entry["minflt"] / mb
+    out["bytes"] = nbytes
+    return out
 
 
 def sample_requests(index: SampleIndex, sample_ids: Any) -> list[ByteRange]:

@@ -162,6 +162,8 @@ def _measure_all(
     limits["memcpy_gb_per_s"] = _limits.memcpy_gb_per_s(
         _QUICK_MEMCPY_BYTES if config.quick else _MEMCPY_BYTES
     )
+    say("the dataset's bytes into pages touched for the first time")
+    limits["fresh_pages"] = _limits.fresh_page_writes(work, config.samples * config.sample_bytes)
     systems: dict[str, SystemRun] = {}
     root = data.url.removeprefix("s3://")
     baseline = S3SampleDataset(root, requests, options_for_s3fs(data), packed=_packed(config))

@@ -39,6 +39,7 @@ def run_bench(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> 
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "fastdata cold" in proc.stdout  # the table was printed
     assert "data-loading latency" in proc.stdout
+    assert "pages touched for the first time" in proc.stdout  # the fresh-page limit
     return json.loads(out.read_text())
 
 
@@ -50,6 +51,10 @@ def check_result(result: dict[str, Any]) -> None:
     assert result["ratios"]["fastdata_cold_vs_raw_get_ceiling"] > 0
     assert 0 < limits["get_latency_ms"]["p50"] <= limits["get_latency_ms"]["p99"]
     assert limits["lmdb_missing"] == 0
+    fresh = limits["fresh_pages"]  # the dataset's bytes, written three ways
+    assert fresh["bytes"] == samples * result["config"]["sample_bytes"]
+    for kind in ("page_cache", "anon_first", "anon_again"):
+        assert fresh[kind]["mb_per_s"] > 0, (kind, fresh[kind])
     assert set(result["systems"]) == set(SYSTEMS)
     for name in SYSTEMS:
         system = result["systems"][name]

@@ -351,3 +351,77 @@ def test_range_requests_cover_every_shard_in_8_mib_ranges(tmp_path: Path) -> Non
         ("0.fdpack", 2 * RANGE_BYTES, 2 * RANGE_BYTES + 5, "e0"),
         ("1.fdpack", 0, 100, "e1"),
     ]
+
+
+def test_fresh_page_writes_measures_each_kind_of_page_and_leaves_no_file(tmp_path: Path) -> None:
+    from fastdata.benchmark._limits import fresh_page_writes
+
+    nbytes = 8 * 1024**2 + 12_345  # not a whole number of pieces or pages
+    out = fresh_page_writes(tmp_path, nbytes)
+    assert out["bytes"] == nbytes
+    assert list(tmp_path.iterdir()) == []  # the probe's file is removed
+    for name in ("page_cache", "anon_first", "anon_again"):
+        entry = out[name]
+        assert entry["seconds"] > 0, (name, entry)
+        assert entry["mb_per_s"] > 0, (name, entry)
+        assert entry["cpu_ms_per_mb"] == pytest.approx(entry["cpu_s"] / (nbytes / 1e6) * 1e3)
+        assert 0.0 <= entry["sys_share"] <= 1.0
+    # The second pass writes the pages the first one faulted in.
+    assert out["anon_again"]["minflt"] <= out["anon_first"]["minflt"]
+
+
+@pytest.mark.parametrize(
+    ("where", "nbytes", "words"),
+    [("dir", 0, "positive byte count"), ("dir", True, "positive"), ("file", 1024, "directory")],
+)
+def test_fresh_page_writes_refuses_a_bad_size_or_folder(
+    tmp_path: Path, where: str, nbytes: int, words: str
+) -> None:
+    from fastdata.benchmark._limits import fresh_page_writes
+
+    target = tmp_path
+    if where == "file":
+        target = tmp_path / "a-file"
+        target.write_bytes(b"x")
+    with pytest.raises(ConfigError, match=words):
+        fresh_page_writes(target, nbytes)
+
+
+def test_a_cold_miss_names_what_caching_its_bytes_costs_when_it_was_measured() -> None:
+    config = BenchConfig(samples=1024)
+    systems = {
+        "baseline_w0": _run(1024, 4.0, 1.0, [1.0, 1.0, 1.0, 1.0]),
+        "baseline_w2": _run(1024, 2.0, 1.0, [1.0, 0.001, 1.0, 0.001]),
+        "fastdata_cold": _run(1024, 0.8, 0.3, [0.3, 0.1, 0.1, 0.1]),
+        "fastdata_warm": _run(1024, 0.1, 0.01, [0.01, 0.0001, 0.0001, 0.0001]),
+        "fastdata_hot": _run(1024, 0.02, 0.001, [0.001, 0.0001, 0.0001, 0.0001]),
+    }
+    page = {"mb_per_s": 400.0, "cpu_ms_per_mb": 2.5}
+    limits = {
+        "store_get_mb_per_s": 1024 * 102400 / 0.8 / 1e6 / 0.9,
+        "store_best_concurrency": 32,
+        "get_latency_ms": {"p50": 1.0, "p99": 2.0},
+        "lmdb_read_mb_per_s": 1024 * 102400 / 0.1 / 1e6 / 0.5,
+        "lmdb_read_hot_mb_per_s": 1.0,
+        "page_cache": "drop_caches",
+        "memcpy_gb_per_s": 10.0,
+        "fresh_pages": {"page_cache": page, "anon_first": page, "anon_again": page},
+    }
+    result = build_result(
+        config,
+        host={"cpu": "x", "cores": 2},
+        endpoint="test",
+        upload_s=1.0,
+        total_s=10.0,
+        open_s=0.1,
+        limits=limits,
+        systems=systems,
+    )
+    cause = {t["target"]: t["cause"] for t in result["targets"]}
+    # 2.5 ms per MB of 102,400-byte samples: 0.256 ms of the cold pass's 0.781 per sample.
+    assert cause["cold >= 10x baseline w2"].endswith(
+        "(0.40x); caching its bytes alone: 0.256 ms of CPU per sample into new page-cache "
+        "pages (400 MB/s in a new process of this run, NOTE[fresh-pages]; 33% of its client CPU)"
+    )
+    # The warm pass writes nothing into the cache: it is not charged for it.
+    assert "caching" not in cause["warm >= 0.8x raw LMDB read"]

@@ -184,3 +184,33 @@ def test_a_missed_target_names_its_measured_cause(pb: ModuleType) -> None:
         "1.00 ms of client CPU per MB (17% in the kernel), 10 page faults per MB (8.00x the CPU)"
     )
     assert targets["fastdata packed cold w0 / pyarrow >= 1.2"]["cause"] is None  # no cell
+
+
+def test_a_cold_fastdata_miss_names_what_caching_its_bytes_costs(pb: ModuleType) -> None:
+    def cell(system: str, state: str, mb: float, cpu_s: float) -> Any:
+        c = pb.Cell(system, state, 0)
+        c.samples, c.bytes, c.seconds, c.mb_per_s = 10, int(mb * 1e6), 1.0, mb
+        c.client_cpu_s, c.client_sys_s, c.client_minflt = cpu_s, cpu_s / 2, 1_000
+        c.client_cores, c.server_cores = cpu_s, 0.3
+        return c
+
+    def entry(mb_per_s: float, cpu_ms_per_mb: float) -> dict[str, float]:
+        return {"mb_per_s": mb_per_s, "cpu_ms_per_mb": cpu_ms_per_mb}
+
+    fresh = {
+        "page_cache": entry(400.0, 2.5),
+        "anon_first": entry(1_000.0, 1.0),
+        "anon_again": entry(15_000.0, 0.06),
+    }
+    files = cell("fastdata files", "cold", 100.0, 1.0)  # 10 ms of CPU per MB
+    bare = cell("obstore map", "nocache", 200.0, 1.0)
+    targets = pb.check_targets_21([files, bare], cores=2, limits={"fresh_pages": fresh})
+    (missed,) = [t for t in targets if t["target"].startswith("fastdata files cold w0")]
+    assert missed["met"] is False
+    assert missed["cause"].endswith(
+        "; caching its bytes alone: 2.50 ms of CPU per MB into new page-cache pages "
+        "(400 MB/s in a new process of this run; 25% of the cell's CPU per MB)"
+    )
+    # A cell that caches nothing is not charged for it, and without the limit nothing is said.
+    assert "caching" not in pb.miss_cause(bare, None, 2, fresh)
+    assert "caching" not in pb.miss_cause(files, None, 2, None)
