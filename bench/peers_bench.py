@@ -72,7 +72,7 @@ from typing import Any
 
 import numpy as np
 
-from fastdata.benchmark._limits import fresh_page_writes
+from fastdata.benchmark._limits import fresh_pages_or_error
 from fastdata.benchmark._measure import host_info, pid_cpu_s, run_pass
 from fastdata.store import Store
 from fastdata.testing.seaweedfs import ACCESS_KEY, SECRET_KEY, SeaweedServer
@@ -1085,9 +1085,13 @@ def _timed_limit(
 
 def measure_limits(plan: dict[str, Any], sizes: Sizes, samples: Samples) -> dict[str, Any]:
     """The 100 KiB GET ceiling (best concurrency), the 8 MiB range ceiling (c=8), and
-    what the dataset's bytes cost written into memory touched for the first time, in a
-    new process beside the cells' caches (``fresh_page_writes``, NOTE[fresh-pages])."""
+    first what the dataset's bytes cost written into memory touched for the first time,
+    in a new process beside the cells' caches (``fresh_page_writes``,
+    NOTE[fresh-pages]), before the ceilings free buffers whose pages it would get back
+    cheap."""
     import obstore
+
+    fresh = fresh_pages_or_error(plan["work"], int(samples.offsets[-1]))
 
     store = raw_store(plan["endpoint_url"])
     server = plan["server_pid"]
@@ -1123,7 +1127,6 @@ def measure_limits(plan: dict[str, Any], sizes: Sizes, samples: Samples) -> dict
         c,
     )
     best = max(gets, key=lambda r: r["mb_per_s"])
-    fresh = fresh_page_writes(plan["work"], total)
     return {"get_sweep": gets, "get_ceiling": best, "range_ceiling": ranges, "fresh_pages": fresh}
 
 
@@ -1171,6 +1174,10 @@ def add_ratios(cells: list[Cell], limits: dict[str, Any]) -> None:
             cell.ratios["pyarrow"] = cell.mb_per_s / pyarrow
 
 
+CACHES_NOTHING = ("pyarrow", "obstore map", "range_ceiling", "get_ceiling")
+"""The baselines and limits that cache nothing they read (NOTE[fresh-pages])."""
+
+
 @dataclass(frozen=True)
 class Cost:
     """What a cell or a limit spent per MB delivered: client CPU, its kernel share and
@@ -1180,6 +1187,12 @@ class Cost:
     cpu_ms: float
     sys_share: float
     faults: float
+
+    @property
+    def caches_nothing(self) -> bool:
+        """The baseline keeps none of the bytes it reads (``CACHES_NOTHING``); LitData,
+        Mosaic and WebDataset write their shards to local files as fastdata does."""
+        return any(self.name == n or self.name.startswith(n + " ") for n in CACHES_NOTHING)
 
     @staticmethod
     def of(name: str, nbytes: int, cpu_s: float, sys_s: float, minflt: int) -> Cost | None:
@@ -1217,8 +1230,9 @@ def miss_cause(
     how many of the machine's cores the client and the server kept busy (an epoch near
     ``cores`` is CPU-bound: the cell's extra work per MB is what it lacks), and what the
     cell spent per MB delivered against what its baseline spent. For a cold fastdata
-    cell, ``fresh`` (the run's ``fresh_pages`` limit) adds what caching its bytes costs
-    by itself: each one written into a new page-cache page (NOTE[fresh-pages])."""
+    cell against a baseline that caches nothing (``CACHES_NOTHING``), ``fresh`` (the
+    run's ``fresh_pages`` limit) adds what writing its bytes into new page-cache pages
+    costs, which the cell pays and the baseline does not (NOTE[fresh-pages])."""
     own = Cost.of_cell(cell)
     if own is None:
         return None
@@ -1234,20 +1248,21 @@ def miss_cause(
     )
     if base is not None:
         text += f"; {base.name}: {base.line()} ({own.cpu_ms / base.cpu_ms:.2f}x the CPU)"
-    if fresh is not None and cell.system.startswith("fastdata") and cell.state == "cold":
-        text += "; " + cache_floor(own, fresh)
+    page = (fresh or {}).get("page_cache")
+    cold = cell.system.startswith("fastdata") and cell.state == "cold"
+    if page is not None and cold and base is not None and base.caches_nothing:
+        text += "; " + new_page_cost(own, page)
     return text
 
 
-def cache_floor(own: Cost, fresh: dict[str, Any]) -> str:
-    """What writing a cold epoch's bytes into new page-cache pages costs per MB, measured
-    in this run (``fresh_pages``), against the cell's own CPU per MB: a floor that a
-    baseline caching nothing does not pay."""
-    page = fresh["page_cache"]
+def new_page_cost(own: Cost, page: dict[str, Any]) -> str:
+    """What writing a cold epoch's bytes into new page-cache pages cost per MB in this
+    run's probe (``fresh_pages``), against the cell's own CPU per MB."""
     return (
-        f"caching its bytes alone: {page['cpu_ms_per_mb']:.2f} ms of CPU per MB into new "
-        f"page-cache pages ({page['mb_per_s']:.0f} MB/s in a new process of this run; "
-        f"{page['cpu_ms_per_mb'] / own.cpu_ms:.0%} of the cell's CPU per MB)"
+        f"writing its bytes into new page-cache pages: {page['cpu_ms_per_mb']:.2f} ms of "
+        f"CPU per MB, {page['cpu_ms_per_mb'] / own.cpu_ms:.0%} of the cell's (measured once "
+        f"before the cells, {page['mb_per_s']:.0f} MB/s; it varies about 10x with the "
+        "memory freed just before, NOTE[fresh-pages])"
     )
 
 
@@ -1362,8 +1377,10 @@ def print_report(result: dict[str, Any]) -> None:
         f"{_fmt(r['server_cores'], '.2f')}"
     )
     print(f"  pyarrow iter_batches: {_fmt(limits.get('pyarrow'), '.1f')} MB/s (row below)")
-    fresh = limits.get("fresh_pages")
-    if fresh is not None:
+    fresh = limits.get("fresh_pages") or {}
+    if "error" in fresh:
+        print(f"  fresh pages: not measured ({fresh['error']})")
+    elif fresh:
         print(
             f"  the dataset's bytes into memory touched for the first time, a new process: "
             f"{_fresh(fresh['page_cache'])} into a new file's page cache, "
@@ -1518,7 +1535,7 @@ def main(argv: list[str] | None = None) -> int:
             ),
             "start_method": multiprocessing.get_start_method(),
         }
-        say("limits: obstore GET and range ceilings")
+        say("limits: fresh pages, obstore GET and range ceilings")
         limits = measure_limits(plan, sizes, samples)
         cells: list[Cell] = []
         for system in systems:

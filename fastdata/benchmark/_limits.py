@@ -50,6 +50,7 @@ from fastdata.store import ByteRange, Store
 
 __all__ = [
     "fresh_page_writes",
+    "fresh_pages_or_error",
     "get_latency_ms",
     "raw_get_ceiling",
     "lmdb_read",
@@ -81,9 +82,8 @@ def memcpy_gb_per_s(nbytes: int, repeats: int = 5) -> float:
 
 _FRESH_PAGES = r"""
 import json, mmap, os, resource, sys, time
-directory, nbytes = sys.argv[1], int(sys.argv[2])
-piece = 8 << 20
-block = os.urandom(min(piece, nbytes))
+path, nbytes = sys.argv[1], int(sys.argv[2])
+block = os.urandom(min(8 << 20, nbytes))
 
 def timed(fn):
     r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
@@ -96,8 +96,6 @@ def timed(fn):
         "minflt": r1.ru_minflt - r0.ru_minflt,
     }
 
-path = os.path.join(directory, f"fresh-pages-{os.getpid()}.bin")
-
 def write_file():
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -107,21 +105,22 @@ def write_file():
     finally:
         os.close(fd)
 
-anon = mmap.mmap(-1, nbytes)
-view = memoryview(anon)
+# Mapped before the file is written: a size the process cannot map fails before a byte
+# reaches the disk.
+view = memoryview(mmap.mmap(-1, nbytes))
 
 def fill():
     for at in range(0, nbytes, len(block)):
         n = min(len(block), nbytes - at)
         view[at : at + n] = block[:n]
 
-try:
-    out = {"page_cache": timed(write_file), "anon_first": timed(fill), "anon_again": timed(fill)}
-finally:
-    if os.path.exists(path):
-        os.unlink(path)
+# The file stays until the parent removes it: freed now, its pages would be the ones
+# the anonymous memory gets, recycled instead of new.
+out = {"page_cache": timed(write_file), "anon_first": timed(fill)}
+out["anon_again"] = timed(fill)
 print(json.dumps(out))
 """
+_FRESH_PAGES_TIMEOUT_S = 600
 
 
 def fresh_page_writes(directory: str | os.PathLike[str], nbytes: int) -> dict[str, Any]:
@@ -132,45 +131,71 @@ def fresh_page_writes(directory: str | os.PathLike[str], nbytes: int) -> dict[st
     process never used; a baseline that caches nothing and reuses its buffers does
     neither. On a VM that hands free guest memory back to its host (free page reporting,
     ballooning), such a first touch costs far more than a copy: the development VM wrote
-    a new file's page cache at 375-443 MB/s in a fresh process, and recycled memory at
-    3,600-9,700 MB/s (docs/benchmark.md, 2026-12-07, fourth session). So it is measured
-    in a new process, whose pages come from the kernel's free memory as a cold epoch's
-    do: the page cache of a new file in ``directory`` (no fsync: the CPU of putting the
-    bytes there; the file is removed), then anonymous memory the process never touched,
-    then the same memory again (what a reused buffer costs). Each entry has
-    ``mb_per_s``, ``cpu_ms_per_mb``, ``sys_share`` and ``faults_per_mb`` besides the raw
-    ``seconds``, ``cpu_s``, ``sys_s`` and ``minflt``.
+    a new file's page cache at 353-448 MB/s in a fresh process, and at 3,616-4,894 MB/s
+    right after as much memory was freed (docs/benchmark.md, 2026-12-07, fourth
+    session). So it is measured in a new process, whose pages come from the kernel's
+    free memory as a cold epoch's do: the page cache of a new file in ``directory``
+    (8 MiB writes, no fsync: the CPU of putting the bytes there), then anonymous memory
+    the process never touched, then the same memory again (what a reused buffer
+    costs). The process holds about twice ``nbytes`` at the end; the file is removed
+    whatever happens. What one call measures depends on what was freed just before it,
+    as a cold epoch's cost does. Each entry has ``mb_per_s``, ``cpu_ms_per_mb``,
+    ``sys_share`` and ``faults_per_mb`` besides the raw ``seconds``, ``cpu_s``,
+    ``sys_s`` and ``minflt``.
 
     Raises:
-        ConfigError: ``nbytes`` is not a positive int, or ``directory`` is not one.
-        RuntimeError: The measuring process failed (its stderr is in the message).
+        ConfigError: ``nbytes`` is not a positive int, or ``directory`` is not a path to
+            a directory.
+        RuntimeError: The measuring process failed or ran past 600 s (its stderr is in
+            the message): free memory or disk space for ``nbytes`` twice over.
     """
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
         raise ConfigError(f"fresh_page_writes needs a positive byte count, got {nbytes!r}")
+    if not isinstance(directory, (str, os.PathLike)):
+        raise ConfigError(
+            f"fresh_page_writes writes into a directory path, got {type(directory).__name__}"
+        )
     folder = Path(directory)
     if not folder.is_dir():
         raise ConfigError(f"fresh_page_writes writes into a directory; {folder} is not one")
-    done = subprocess.run(
-        [sys.executable, "-I", "-c", _FRESH_PAGES, str(folder), str(nbytes)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    path = folder / f"fresh-pages-{os.urandom(6).hex()}.bin"
+    command = [sys.executable, "-I", "-c", _FRESH_PAGES, str(path), str(nbytes)]
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=_FRESH_PAGES_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(
+            f"the fresh-page probe of {nbytes} bytes in {folder} ran past "
+            f"{_FRESH_PAGES_TIMEOUT_S} s"
+        ) from exc
+    finally:
+        path.unlink(missing_ok=True)
     if done.returncode != 0:
         raise RuntimeError(
-            f"the fresh-page probe in {folder} exited {done.returncode}: {done.stderr.strip()}"
+            f"the fresh-page probe of {nbytes} bytes in {folder} exited {done.returncode} "
+            f"({done.stderr.strip() or 'no message: killed, perhaps for memory'}); it needs "
+            "twice the bytes in free memory and the bytes in free disk space"
         )
     out: dict[str, Any] = json.loads(done.stdout)
     mb = nbytes / 1e6
     for entry in out.values():
         cpu = entry["cpu_s"]
-        entry["mb_per_s"] = mb / entry["seconds"] if entry["seconds"] > 0 else float("inf")
+        entry["mb_per_s"] = mb / max(entry["seconds"], 1e-9)
         entry["cpu_ms_per_mb"] = cpu / mb * 1e3
         entry["sys_share"] = min(1.0, entry["sys_s"] / cpu) if cpu > 0 else 0.0
         entry["faults_per_mb"] = entry["minflt"] / mb
     out["bytes"] = nbytes
     return out
+
+
+def fresh_pages_or_error(directory: str | os.PathLike[str], nbytes: int) -> dict[str, Any]:
+    """:func:`fresh_page_writes`, or ``{"error": why}`` where the probe failed: it only
+    explains the cold figures, so a benchmark goes on without it."""
+    try:
+        return fresh_page_writes(directory, nbytes)
+    except (RuntimeError, OSError, json.JSONDecodeError) as exc:
+        return {"error": str(exc)}
 
 
 def sample_requests(index: SampleIndex, sample_ids: Any) -> list[ByteRange]:
