@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -132,35 +133,38 @@ def _parent(args: argparse.Namespace, samples: int, epochs: int) -> int:
     if unknown:
         raise SystemExit(f"unknown modes {unknown}; choose from {', '.join(MODES)}")
     work = Path(tempfile.mkdtemp(prefix="fastdata-small-objects-"))
-    payload = os.urandom(SAMPLE_BYTES)
-    keys = [f"digits/{i % 10}/{i:05d}.png" for i in range(samples)]
-    for key in keys:
-        (work / "local" / key).parent.mkdir(parents=True, exist_ok=True)
-        (work / "local" / key).write_bytes(payload)
-    results: dict[str, Any] = {"samples": samples, "sample_bytes": SAMPLE_BYTES, "batch": BATCH}
-    with SeaweedServer() as server:
-        server.create_bucket("tiny")
-        target = server.target("tiny")
-        client = target.boto3_client()
+    try:
+        payload = os.urandom(SAMPLE_BYTES)
+        keys = [f"digits/{i % 10}/{i:05d}.png" for i in range(samples)]
         for key in keys:
-            client.put_object(Bucket="tiny", Key=key, Body=payload)
-        if any(m.startswith("packed") for m in modes):
-            start = time.perf_counter()
-            pack(
-                "s3://tiny/digits",
-                "s3://tiny/packed",
-                storage_options=target.storage_options,
-                cache_dir=str(work / "cache-pack"),
-                layout="files",
-                labels=True,
-            )
-            results["pack_s"] = round(time.perf_counter() - start, 3)
-        for mode in modes:
-            child = [sys.executable, __file__, "--child", mode, str(work), server.endpoint_url]
-            child += ["--quick"] if args.quick else ["--epochs", str(epochs)]
-            done = subprocess.run(child, capture_output=True, text=True, check=True)
-            results[mode] = json.loads(done.stdout.strip().splitlines()[-1])
-            print(mode, results[mode], flush=True)
+            (work / "local" / key).parent.mkdir(parents=True, exist_ok=True)
+            (work / "local" / key).write_bytes(payload)
+        results: dict[str, Any] = {"samples": samples, "sample_bytes": SAMPLE_BYTES, "batch": BATCH}
+        with SeaweedServer() as server:
+            server.create_bucket("tiny")
+            target = server.target("tiny")
+            client = target.boto3_client()
+            for key in keys:
+                client.put_object(Bucket="tiny", Key=key, Body=payload)
+            if any(m.startswith("packed") for m in modes):
+                start = time.perf_counter()
+                pack(
+                    "s3://tiny/digits",
+                    "s3://tiny/packed",
+                    storage_options=target.storage_options,
+                    cache_dir=str(work / "cache-pack"),
+                    layout="files",
+                    labels=True,
+                )
+                results["pack_s"] = round(time.perf_counter() - start, 3)
+            for mode in modes:
+                child = [sys.executable, __file__, "--child", mode, str(work), server.endpoint_url]
+                child += ["--quick"] if args.quick else ["--epochs", str(epochs)]
+                done = subprocess.run(child, capture_output=True, text=True, check=True)
+                results[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+                print(mode, results[mode], flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the objects, their copies, the caches
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
