@@ -72,7 +72,7 @@ from typing import Any
 
 import numpy as np
 
-from fastdata.benchmark._limits import fresh_pages_or_error
+from fastdata.benchmark._limits import fresh_pages_or_error, new_page_share
 from fastdata.benchmark._measure import host_info, pid_cpu_s, run_pass
 from fastdata.store import Store
 from fastdata.testing.seaweedfs import ACCESS_KEY, SECRET_KEY, SeaweedServer
@@ -1251,19 +1251,8 @@ def miss_cause(
     page = (fresh or {}).get("page_cache")
     cold = cell.system.startswith("fastdata") and cell.state == "cold"
     if page is not None and cold and base is not None and base.caches_nothing:
-        text += "; " + new_page_cost(own, page)
+        text += "; " + new_page_share(page, own.cpu_ms)
     return text
-
-
-def new_page_cost(own: Cost, page: dict[str, Any]) -> str:
-    """What writing a cold epoch's bytes into new page-cache pages cost per MB in this
-    run's probe (``fresh_pages``), against the cell's own CPU per MB."""
-    return (
-        f"writing its bytes into new page-cache pages: {page['cpu_ms_per_mb']:.2f} ms of "
-        f"CPU per MB, {page['cpu_ms_per_mb'] / own.cpu_ms:.0%} of the cell's (measured once "
-        f"before the cells, {page['mb_per_s']:.0f} MB/s; it varies about 10x with the "
-        "memory freed just before, NOTE[fresh-pages])"
-    )
 
 
 def check_targets(

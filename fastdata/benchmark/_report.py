@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from fastdata.benchmark._config import BenchConfig
+from fastdata.benchmark._limits import new_page_share
 from fastdata.benchmark._measure import cpu_per_sample_ms, percentiles
 from fastdata.benchmark._systems import SystemRun
 
@@ -262,13 +263,8 @@ def miss_cause(result: dict[str, Any], system: str, against: str | None) -> str 
     page = (result["limits"].get("fresh_pages") or {}).get("page_cache")
     if page is not None and system == "fastdata_cold" and client > 0:
         # Only the cold pass caches; its baselines (s3fs, the store ceiling) cache nothing.
-        write = page["cpu_ms_per_mb"] * result["config"]["sample_bytes"] / 1e6
-        text += (
-            f"; writing a sample into new page-cache pages: {write:.3f} ms of CPU, "
-            f"{write / client:.0%} of its client CPU (measured once before the passes, "
-            f"{page['mb_per_s']:.0f} MB/s; it varies about 10x with the memory freed just "
-            "before, NOTE[fresh-pages])"
-        )
+        per_mb = client / (result["config"]["sample_bytes"] / 1e6)
+        text += "; " + new_page_share(page, per_mb)
     return text
 
 

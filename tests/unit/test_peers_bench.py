@@ -212,9 +212,9 @@ def test_a_cold_fastdata_miss_names_what_caching_its_bytes_costs(pb: ModuleType)
         for t in pb.check_targets_21(cells, cores=2, limits={"fresh_pages": fresh})
     }
     assert targets["fastdata files cold w0 / obstore map/nocache/w0 >= 1.0"].endswith(
-        "; writing its bytes into new page-cache pages: 2.50 ms of CPU per MB, 25% of the "
-        "cell's (measured once before the cells, 400 MB/s; it varies about 10x with the "
-        "memory freed just before, NOTE[fresh-pages])"
+        "; writing its bytes into new page-cache pages: 2.50 ms of CPU per MB, 25% of its "
+        "own (measured once before the runs, 400 MB/s; it varies about 10x with the memory "
+        "freed just before, NOTE[fresh-pages])"
     )
     # LitData writes its chunks to local files too: the write is no difference to name.
     assert "page-cache" not in targets["fastdata packed cold w0 / litdata/cold/w0 >= 1.5"]
