@@ -16,8 +16,9 @@ import pytest
 
 from fastdata.config import FastdataConfig, StoreConfig
 from fastdata.errors import ConfigError, CorruptRecordError, StoreError, StoreUnavailableError
-from fastdata.store._faults import CorruptTransfer, Failure, FaultKind, OpContext
+from fastdata.store._faults import CorruptTransfer, Failure, FaultKind, OpContext, exhausted_error
 from fastdata.store._retry import Counters, RetryEnv, RetryPolicy, retrying
+from fastdata.testing.store_fault_contract import total_attempts
 
 CTX = OpContext("get", "s3://bucket/key", None, (0, None))
 
@@ -174,3 +175,26 @@ def test_max_attempts_is_optional_in_config_and_environment() -> None:
         StoreConfig(max_attempts=0)
     assert FastdataConfig.from_env({"FASTDATA_STORE_MAX_ATTEMPTS": "12"}).store.max_attempts == 12
     assert FastdataConfig.from_env({"FASTDATA_STORE_MAX_ATTEMPTS": ""}).store.max_attempts is None
+
+
+def test_the_fault_contract_counts_all_attempts_when_several_kinds_of_fault_were_met() -> None:
+    # A loaded machine can make one outage show two kinds of fault; the message names each
+    # kind's count before the total, and the contract's check must read the total.
+    def message(seen: dict[str, int]) -> str:
+        failure = Failure(FaultKind.TRANSIENT, "no answer in time")
+        return str(
+            exhausted_error(
+                failure,
+                OpContext("get", "s3://b/f/small.bin"),
+                attempts=sum(seen.values()),
+                elapsed_s=1.5,
+                reason="retry budget of 1.5 s spent",
+                seen=seen,
+                endpoint="127.0.0.1:9",
+            )
+        )
+
+    mixed = message({"no answer in time": 5, "connection reset": 2})
+    assert "(5 attempts)" in mixed  # the first count is one kind's
+    assert total_attempts(mixed) == 7
+    assert total_attempts(message({"connection refused": 1})) == 1
