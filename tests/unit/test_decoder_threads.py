@@ -20,14 +20,17 @@ from fastdata.record import encode
 native = importlib.import_module("fastdata.io_native._native")
 
 
-def _progress_during(call: Callable[[], Any]) -> tuple[int, float]:
+def _progress_during(call: Callable[[], Any]) -> tuple[int, float, float]:
     """Run one call while a Python thread counts.
 
     Returns how many of the thread's steps fell in the middle 60% of the call's window,
-    and the window's length. With the GIL held for the whole call, that count is 0: the
-    counter cannot run any bytecode until the call returns (a switch just before or just
-    after the call lands in the outer 20% margins, longer than the 5 ms switch interval
-    once the call lasts 40 ms or more).
+    the window's length, and the longest stretch of the window in which the thread made
+    no step. A call that releases the GIL lets the counter step while it works, so the
+    count is above 0. A call that holds the GIL stops the counter for its whole run, so
+    the longest pause is at least as long as the call takes. The count alone cannot show
+    that: the interpreter may hand the GIL to the counter between t0 and the call's first
+    C instruction, and on a loaded machine the main thread can wait many switch intervals
+    to get it back, so those steps reach into the middle of the window.
     """
     stamps = np.zeros(4_000_000)
     count = [0]
@@ -55,7 +58,19 @@ def _progress_during(call: Callable[[], Any]) -> tuple[int, float]:
     seen = stamps[: count[0]]
     margin = 0.2 * (t1 - t0)
     inside = int(((seen > t0 + margin) & (seen < t1 - margin)).sum())
-    return inside, t1 - t0
+    within = seen[(seen > t0) & (seen < t1)]
+    pause = float(np.diff(np.concatenate(([t0], within, [t1]))).max())
+    return inside, t1 - t0, pause
+
+
+def _alone(call: Callable[[], Any]) -> float:
+    """The shortest of three runs of the call with no other thread (seconds)."""
+    runs = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        call()
+        runs.append(time.perf_counter() - t0)
+    return min(runs)
 
 
 @pytest.fixture(scope="module")
@@ -67,23 +82,42 @@ def big_batch() -> list[bytes]:
 def test_gather_releases_the_gil(big_batch: list[bytes]) -> None:
     batch = big_batch * 4
     out = native.aligned_empty(len(batch) << 20)
-    inside, window = _progress_during(lambda: native.gather(batch, "x", out, True))
+    inside, window, _ = _progress_during(lambda: native.gather(batch, "x", out, True))
     assert window >= 0.04, "the call was too short to tell"
     assert inside > 0, "no Python thread ran while gather worked: the GIL was held"
 
 
 def test_decode_batch_releases_the_gil(big_batch: list[bytes]) -> None:
     # 24 passes over 48 MiB: long enough at the three-stream CRC's speed (~28 GB/s).
-    inside, window = _progress_during(lambda: native.decode_batch(big_batch * 24, True))
+    inside, window, _ = _progress_during(lambda: native.decode_batch(big_batch * 24, True))
     assert window >= 0.04
     assert inside > 0
 
 
 def test_the_probe_sees_a_call_that_holds_the_gil() -> None:
-    # Control: sum() over a range is one C loop that never gives up the GIL.
-    inside, window = _progress_during(lambda: sum(range(6_000_000)))
-    assert window >= 0.04
-    assert inside == 0
+    # Control: sum() over a range is one C loop that never gives up the GIL, so the
+    # counter stands still for at least as long as the sum takes (half of its quickest
+    # lone run leaves room for a lone run that the machine slowed down).
+    def call() -> int:
+        return sum(range(6_000_000))
+
+    alone = _alone(call)
+    _, window, pause = _progress_during(call)
+    assert alone >= 0.04, "the call was too short to tell"
+    assert pause >= 0.5 * alone, (pause, alone, window)
+
+
+def test_the_probe_sees_a_held_gil_after_the_counter_ran_at_the_start() -> None:
+    # What CI saw once on a loaded machine: the counter got the GIL between t0 and the
+    # sum, ran into the middle of the window, and 2,390 of its steps counted as 'inside'.
+    # A sleep first hands the GIL over on purpose; the sum then holds it for its run.
+    def call() -> int:
+        time.sleep(0.03)
+        return sum(range(6_000_000))
+
+    alone = _alone(lambda: sum(range(6_000_000)))
+    _, _, pause = _progress_during(call)
+    assert pause >= 0.5 * alone, (pause, alone)
 
 
 def test_concurrent_gathers_from_threads_agree(big_batch: list[bytes]) -> None:
