@@ -1,6 +1,6 @@
 """Cold Parquet epochs in fresh processes, a setting against another, alternating.
 
-    python bench/parquet_cold_ab.py [--rows 5000] [--runs 6]
+    python bench/parquet_cold_ab.py [--rows 5000] [--runs 6] [--cache-off] [--pyarrow]
         [--variant NAME=module.ATTR=VALUE ...]
 
 A Parquet dataset (``--rows`` rows of 100 KiB +-20 % random bytes and an int label, 4,000
@@ -11,7 +11,12 @@ shuffle off, a new cache directory) after setting the variant's module attribute
 ``current`` changes nothing; the default second variant, ``pieces-4mib``, decodes row
 groups in 4 MiB pieces instead of 16 MiB (NOTE[parquet-pieces]). Any module attribute
 that holds an int can be a variant: ``--variant NAME=module.ATTR=VALUE``, several times.
-Reported per variant: the median
+Two more variants
+can be added by flag: ``--cache-off`` reads through fastdata with
+``CacheConfig(enabled=False)`` (what the cold epoch costs without its cache writes), and
+``--pyarrow`` reads the same objects with pyarrow's ``ParquetFile.iter_batches`` (batch
+256, the peers bench's baseline, in a fresh process too); each variant's median is then
+also given as a ratio of pyarrow's. Reported per variant: the median
 MB/s and first-batch seconds over the runs, with each run's user and system CPU and page
 faults. The first run after the upload pays for memory the VM never gave the process
 before (docs/benchmark.md); the variants alternate so that each sees the machine alike.
@@ -40,24 +45,45 @@ from fastdata.testing.seaweedfs import SeaweedServer
 _CHILD = r"""
 import importlib, json, resource, sys, time
 spec, url, options, cache = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
-if spec:
-    target, value = spec.rsplit("=", 1)
-    module, attr = target.rsplit(".", 1)
-    setattr(importlib.import_module(module), attr, int(value))
-import fastdata
-ds = fastdata.Dataset(url, layout="parquet", cache_dir=cache, shuffle=False,
-                      storage_options=options, fields=("data", "label"))
-loader = fastdata.DataLoader(ds, batch_size=256, num_workers=0)
+if spec == "pyarrow":
+    import pyarrow.fs, pyarrow.parquet as pq
+    endpoint = options["client_kwargs"]["endpoint_url"]
+    fs = pyarrow.fs.S3FileSystem(access_key=options["key"], secret_key=options["secret"],
+        endpoint_override=endpoint.split("://", 1)[1], scheme=endpoint.split("://", 1)[0],
+        region=options["client_kwargs"].get("region_name", "us-east-1"))
+    root = url.split("://", 1)[1]
+    names = sorted(i.path for i in fs.get_file_info(pyarrow.fs.FileSelector(root)))
+    def batches():
+        for name in names:
+            with fs.open_input_file(name) as f:
+                yield from pq.ParquetFile(f).iter_batches(batch_size=256, columns=["data", "label"])
+    loader, close = batches(), lambda: None
+    size = lambda batch: batch.column(0).buffers()[2].size
+else:
+    from fastdata.config import CacheConfig, FastdataConfig
+    config = None
+    if spec == "cache-off":
+        config = FastdataConfig(cache=CacheConfig(enabled=False))
+    elif spec:
+        target, value = spec.rsplit("=", 1)
+        module, attr = target.rsplit(".", 1)
+        setattr(importlib.import_module(module), attr, int(value))
+    import fastdata
+    ds = fastdata.Dataset(url, layout="parquet", cache_dir=cache, shuffle=False,
+                          storage_options=options, fields=("data", "label"), config=config)
+    loader = fastdata.DataLoader(ds, batch_size=256, num_workers=0)
+    close = lambda: (loader.close(), ds.close())
+    size = lambda batch: batch["data"].values.numel()
 r0 = resource.getrusage(resource.RUSAGE_SELF)
 start, first, nbytes = time.perf_counter(), None, 0
 for batch in loader:
     if first is None:
         first = time.perf_counter() - start
-    nbytes += batch["data"].values.numel()
+    nbytes += size(batch)
 assert first is not None, "the epoch delivered no batch"
 seconds = time.perf_counter() - start
 r1 = resource.getrusage(resource.RUSAGE_SELF)
-loader.close(); ds.close()
+close()
 print("RESULT" + json.dumps({"mbps": nbytes / seconds / 1e6, "first_s": first,
       "user_s": r1.ru_utime - r0.ru_utime, "sys_s": r1.ru_stime - r0.ru_stime,
       "faults": r1.ru_minflt - r0.ru_minflt}))
@@ -117,10 +143,12 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=5000)
     parser.add_argument("--runs", type=int, default=6)
     parser.add_argument("--variant", action="append", default=None, help="NAME=module.ATTR=INT")
+    parser.add_argument("--cache-off", action="store_true", help="add fastdata, cache off")
+    parser.add_argument("--pyarrow", action="store_true", help="add pyarrow iter_batches")
     add_smoke_flags(parser)
     args = parser.parse_args()
-    if args.quick:
-        args.rows, args.runs = 300, 1
+    if args.quick:  # every variant once, so that none of them rots
+        args.rows, args.runs, args.cache_off, args.pyarrow = 300, 1, True, True
     if args.rows < 1 or args.runs < 1:
         parser.error("--rows and --runs must be at least 1")
     variants = {"current": ""}
@@ -134,6 +162,11 @@ def main() -> int:
         if problem:
             parser.error(f"--variant {text!r}: {problem}")
         variants[name] = spec
+    for flag, name in ((args.cache_off, "cache-off"), (args.pyarrow, "pyarrow")):
+        if flag:
+            if name in variants:
+                parser.error(f"--variant {name!r} and --{name}: give the variant another name")
+            variants[name] = name
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     server = SeaweedServer().start()
     try:
@@ -157,10 +190,13 @@ def main() -> int:
     finally:
         server.stop()
     print(f"\n{args.rows} rows of 100 KiB, {args.runs} runs per variant, cold, num_workers=0")
+    baseline = results.get("pyarrow") if args.pyarrow else None
+    base = statistics.median(r["mbps"] for r in baseline) if baseline else None
     for name, runs in results.items():
         mbps = statistics.median(r["mbps"] for r in runs)
         first = statistics.median(r["first_s"] for r in runs)
-        print(f"  {name:>10}: median {mbps:7.1f} MB/s, first batch median {first:.3f} s")
+        ratio = "" if base is None else f" ({mbps / base:.2f}x pyarrow's median)"
+        print(f"  {name:>10}: median {mbps:7.1f} MB/s{ratio}, first batch median {first:.3f} s")
     if args.json is not None:
         args.json.write_text(
             json.dumps(
