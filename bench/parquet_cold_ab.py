@@ -20,6 +20,13 @@ also given as a ratio of pyarrow's. Reported per variant: the median
 MB/s and first-batch seconds over the runs, with each run's user and system CPU and page
 faults. The first run after the upload pays for memory the VM never gave the process
 before (docs/benchmark.md); the variants alternate so that each sees the machine alike.
+
+NOTE[settle]: each child's cache folder is removed when it ends, and the next child gets
+the pages just freed. On a VM whose balloon reports free pages to the host, memory freed
+a moment ago is cheap and other new memory is not (docs/benchmark.md, fifth session of
+2026-12-07), so back-to-back children measure the cheap case. ``--settle 5`` waits after
+each child, past the kernel's 2 s reporting delay, so that every child gets new memory as
+a training process on such a VM would.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -145,12 +153,20 @@ def main() -> int:
     parser.add_argument("--variant", action="append", default=None, help="NAME=module.ATTR=INT")
     parser.add_argument("--cache-off", action="store_true", help="add fastdata, cache off")
     parser.add_argument("--pyarrow", action="store_true", help="add pyarrow iter_batches")
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=0.0,
+        help="seconds to wait after each child (NOTE[settle]; 5 on a VM with page reporting)",
+    )
     add_smoke_flags(parser)
     args = parser.parse_args()
     if args.quick:  # every variant once, so that none of them rots
         args.rows, args.runs, args.cache_off, args.pyarrow = 300, 1, True, True
     if args.rows < 1 or args.runs < 1:
         parser.error("--rows and --runs must be at least 1")
+    if not 0 <= args.settle <= 600:
+        parser.error("--settle must be between 0 and 600 seconds")
     variants = {"current": ""}
     for text in args.variant or [PIECES_4MIB]:
         name, _, spec = text.partition("=")
@@ -180,6 +196,7 @@ def main() -> int:
             order = names if run % 2 == 0 else names[::-1]
             for name in order:
                 got = run_child(variants[name], url, options)
+                time.sleep(args.settle)  # NOTE[settle]: after the child's cache is gone
                 results[name].append(got)
                 print(
                     f"run {run} {name:>10}: {got['mbps']:7.1f} MB/s, first batch "

@@ -38,7 +38,8 @@ total payload bytes and label sum must equal what was written; a failed validati
 printed as ``FAILED`` in the table and on stderr. The limits are measured in the same run
 on the same server: raw obstore GETs of the 100 KiB objects (the best of concurrency 8, 32
 and 64), raw obstore 8 MiB ranged GETs of the packed shards at concurrency 8, and pyarrow's
-``iter_batches`` over the Parquet files. Reported per cell: MB/s delivered to the loop,
+``iter_batches`` over the Parquet files (in a process of its own, like each system:
+NOTE[settle-systems]). Reported per cell: MB/s delivered to the loop,
 time to first batch, open time, client and server CPU cores, and each MB/s as a ratio of
 the three limits. A peer that is not installed is skipped with a line saying so
 (``pip install 'fastdata[peers]'``). Exit status 1 when a fastdata epoch failed its
@@ -127,6 +128,8 @@ class Sizes:
     range_concurrency: int
     cell_timeout_s: float
     """A cell (open + one epoch) still running after this is stopped and reported."""
+    settle_s: float = 5.0
+    """Wait before each system's process starts (NOTE[settle-systems])."""
     w0_only: tuple[str, ...] = ()
     """Systems read with 0 workers only (``--quick``: each fastdata worker start imports
     torch afresh, seconds per epoch; one fastdata system with workers keeps the path
@@ -156,6 +159,7 @@ QUICK = replace(
     get_concurrencies=(8,),
     range_bytes=1 * MIB,
     cell_timeout_s=120,
+    settle_s=0.0,
     w0_only=("fastdata packed", "fastdata parquet", "fastdata tar"),
 )
 
@@ -977,12 +981,17 @@ def system_child(plan: dict[str, Any], system: str, conn: Any) -> None:
 def run_system(plan: dict[str, Any], system: str, timeout_s: float) -> list[Cell]:
     """``system``'s cells from a process of its own; a cell past ``timeout_s`` stops it.
 
-    pyarrow, which starts no thread or process of a loader's, runs in this process (it
-    reads like the limits, and a spawned process costs seconds of imports).
+    NOTE[settle-systems]: every system, the pyarrow baseline included, runs in a new
+    process, and each starts ``settle_s`` after the last one ended. On a VM whose balloon
+    reports free pages to the host (docs/benchmark.md, fifth session of 2026-12-07), a
+    process that has touched its memory before reads faster than a new one, and memory
+    freed a moment ago is cheaper than other new memory. pyarrow used to run in this
+    process, which had written the Parquet files with pyarrow: 406-516 MB/s and a first
+    batch of about 0.2 s, against 161-173 MB/s and 0.97-1.15 s in a new process of its
+    own, in the same session. Without the wait, the system right after another one gets
+    the pages that one freed.
     """
     spec = BY_NAME[system]
-    if system == "pyarrow":
-        return list(system_cells(plan, system))
     expected = [(state, w) for w in worker_counts(plan, system) for state in spec.states]
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
@@ -1529,6 +1538,7 @@ def main(argv: list[str] | None = None) -> int:
         cells: list[Cell] = []
         for system in systems:
             say(system)
+            time.sleep(sizes.settle_s)  # NOTE[settle-systems]
             cells += run_system(plan, system, sizes.cell_timeout_s)
     finally:
         server.stop()
