@@ -24,7 +24,7 @@ before (docs/benchmark.md); the variants alternate so that each sees the machine
 NOTE[settle]: each child's cache folder is removed when it ends, and the next child gets
 the pages just freed. On a VM whose balloon reports free pages to the host, memory freed
 a moment ago is cheap and other new memory is not (docs/benchmark.md, fifth session of
-2026-12-07), so back-to-back children measure the cheap case. ``--settle 5`` waits after
+2026-12-07), so back-to-back children measure the cheap case. ``--settle 5`` waits before
 each child, past the kernel's 2 s reporting delay, so that every child gets new memory as
 a training process on such a VM would.
 """
@@ -195,8 +195,8 @@ def main() -> int:
         for run in range(args.runs):
             order = names if run % 2 == 0 else names[::-1]
             for name in order:
+                time.sleep(args.settle)  # NOTE[settle]: before each child, the upload's too
                 got = run_child(variants[name], url, options)
-                time.sleep(args.settle)  # NOTE[settle]: after the child's cache is gone
                 results[name].append(got)
                 print(
                     f"run {run} {name:>10}: {got['mbps']:7.1f} MB/s, first batch "
