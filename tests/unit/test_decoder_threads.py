@@ -79,19 +79,45 @@ def big_batch() -> list[bytes]:
     return [encode({"x": rng.integers(0, 255, 1 << 20, dtype=np.uint8)}) for _ in range(48)]
 
 
+def _assert_releases_the_gil(call: Callable[[], Any]) -> None:
+    """The counter steps in the middle of the call and never stands still for half of
+    the call's quickest lone run, in one of three probes.
+
+    A call that holds the GIL stops the counter for at least the time it runs (the
+    controls below show it), so it fails every probe. A call that releases it leaves the
+    counter to the OS scheduler alone, whose time slices are a few milliseconds even
+    beside CPU hogs; three probes leave room for one unlucky stretch.
+    """
+    alone = _alone(call)
+    probes = []
+    for _ in range(3):
+        inside, window, pause = _progress_during(call)
+        assert window >= 0.04, "the call was too short to tell"
+        probes.append({"inside": inside, "window": window, "pause": pause})
+        if inside > 0 and pause < 0.5 * alone:
+            return
+    pytest.fail(
+        f"no Python thread ran while the call worked: the GIL was held ({alone=}, {probes})"
+    )
+
+
 def test_gather_releases_the_gil(big_batch: list[bytes]) -> None:
-    batch = big_batch * 4
+    # 768 MiB in one call: a warm gather copies at about 15 GB/s here, and the check makes
+    # the output's pages warm before it probes.
+    batch = big_batch * 16
     out = native.aligned_empty(len(batch) << 20)
-    inside, window, _ = _progress_during(lambda: native.gather(batch, "x", out, True))
-    assert window >= 0.04, "the call was too short to tell"
-    assert inside > 0, "no Python thread ran while gather worked: the GIL was held"
+    _assert_releases_the_gil(lambda: native.gather(batch, "x", out, True))
 
 
 def test_decode_batch_releases_the_gil(big_batch: list[bytes]) -> None:
     # 24 passes over 48 MiB: long enough at the three-stream CRC's speed (~28 GB/s).
-    inside, window, _ = _progress_during(lambda: native.decode_batch(big_batch * 24, True))
-    assert window >= 0.04
-    assert inside > 0
+    _assert_releases_the_gil(lambda: native.decode_batch(big_batch * 24, True))
+
+
+def test_the_release_check_fails_a_call_that_holds_the_gil() -> None:
+    # The check above must fail where it should: sum() holds the GIL for its whole run.
+    with pytest.raises(pytest.fail.Exception, match="the GIL was held"):
+        _assert_releases_the_gil(lambda: sum(range(6_000_000)))
 
 
 def test_the_probe_sees_a_call_that_holds_the_gil() -> None:
