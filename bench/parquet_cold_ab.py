@@ -10,7 +10,9 @@ that reads one cold epoch through ``fastdata.DataLoader`` (``num_workers=0``, ba
 shuffle off, a new cache directory) after setting the variant's module attribute.
 ``current`` changes nothing; the default second variant, ``pieces-4mib``, decodes row
 groups in 4 MiB pieces instead of 16 MiB (NOTE[parquet-pieces]). Any module attribute
-that holds an int can be a variant: ``--variant NAME=module.ATTR=VALUE``, several times.
+that holds an int can be a variant: ``--variant NAME=module.ATTR=VALUE``, several times;
+a variant may set several, comma-separated, and ``cache-off`` among them turns the cache
+off as well.
 Two more variants
 can be added by flag: ``--cache-off`` reads through fastdata with
 ``CacheConfig(enabled=False)`` (what the cold epoch costs without its cache writes), and
@@ -50,9 +52,26 @@ from decode_bench import add_smoke_flags  # a sibling script
 from fastdata.store import Store
 from fastdata.testing.seaweedfs import SeaweedServer
 
-_CHILD = r"""
+#: What every child starts with: its arguments, and ``fastdata_config(spec)``, which
+#: applies each ``module.ATTR=INT`` of a variant and returns the config of ``cache-off``
+#: (a variant's items are separated by commas).
+CHILD_HEAD = r"""
 import importlib, json, resource, sys, time
 spec, url, options, cache = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+def fastdata_config(spec):
+    from fastdata.config import CacheConfig, FastdataConfig
+    config = None
+    for item in filter(None, spec.split(",")):
+        if item == "cache-off":
+            config = FastdataConfig(cache=CacheConfig(enabled=False))
+            continue
+        target, value = item.rsplit("=", 1)
+        module, attr = target.rsplit(".", 1)
+        setattr(importlib.import_module(module), attr, int(value))
+    return config
+"""
+
+_PARQUET_SETUP = r"""
 if spec == "pyarrow":
     import pyarrow.fs, pyarrow.parquet as pq
     endpoint = options["client_kwargs"]["endpoint_url"]
@@ -60,28 +79,29 @@ if spec == "pyarrow":
         endpoint_override=endpoint.split("://", 1)[1], scheme=endpoint.split("://", 1)[0],
         region=options["client_kwargs"].get("region_name", "us-east-1"))
     root = url.split("://", 1)[1]
-    names = sorted(i.path for i in fs.get_file_info(pyarrow.fs.FileSelector(root)))
+    listing = fs.get_file_info(pyarrow.fs.FileSelector(root))
+    names = sorted(i.path for i in listing
+                   if i.type == pyarrow.fs.FileType.File and i.path.endswith(".parquet"))
     def batches():
         for name in names:
             with fs.open_input_file(name) as f:
                 yield from pq.ParquetFile(f).iter_batches(batch_size=256, columns=["data", "label"])
     loader, close = batches(), lambda: None
-    size = lambda batch: batch.column(0).buffers()[2].size
+    import pyarrow.compute as pc
+    size = lambda batch: pc.sum(pc.binary_length(batch.column(0))).as_py() or 0
 else:
-    from fastdata.config import CacheConfig, FastdataConfig
-    config = None
-    if spec == "cache-off":
-        config = FastdataConfig(cache=CacheConfig(enabled=False))
-    elif spec:
-        target, value = spec.rsplit("=", 1)
-        module, attr = target.rsplit(".", 1)
-        setattr(importlib.import_module(module), attr, int(value))
+    config = fastdata_config(spec)
     import fastdata
     ds = fastdata.Dataset(url, layout="parquet", cache_dir=cache, shuffle=False,
                           storage_options=options, fields=("data", "label"), config=config)
     loader = fastdata.DataLoader(ds, batch_size=256, num_workers=0)
     close = lambda: (loader.close(), ds.close())
     size = lambda batch: batch["data"].values.numel()
+"""
+
+#: The timed epoch every child ends with: ``loader`` (an iterable of batches), ``close``
+#: and ``size`` (the data bytes of a batch) are set by the child's setup above it.
+TIMED_EPOCH = r"""
 r0 = resource.getrusage(resource.RUSAGE_SELF)
 start, first, nbytes = time.perf_counter(), None, 0
 for batch in loader:
@@ -96,6 +116,7 @@ print("RESULT" + json.dumps({"mbps": nbytes / seconds / 1e6, "first_s": first,
       "user_s": r1.ru_utime - r0.ru_utime, "sys_s": r1.ru_stime - r0.ru_stime,
       "faults": r1.ru_minflt - r0.ru_minflt}))
 """
+_CHILD = CHILD_HEAD + _PARQUET_SETUP + TIMED_EPOCH
 
 PIECES_4MIB = "pieces-4mib=fastdata.layouts._parquet_values.DECODE_PIECE_BYTES=4194304"
 
@@ -130,10 +151,12 @@ def check_variant(spec: str) -> str | None:
     return None
 
 
-def run_child(spec: str, url: str, options: dict[str, Any]) -> dict[str, Any]:
+def run_child(code: str, spec: str, url: str, options: dict[str, Any]) -> dict[str, Any]:
+    """One cold epoch: ``code`` run in a fresh process with a new cache folder; the
+    ``RESULT`` line it printed."""
     with tempfile.TemporaryDirectory(prefix="fastdata-ab-") as cache:
         done = subprocess.run(
-            [sys.executable, "-c", _CHILD, spec, url, json.dumps(options), cache],
+            [sys.executable, "-c", code, spec, url, json.dumps(options), cache],
             capture_output=True,
             text=True,
             timeout=600,
@@ -146,44 +169,121 @@ def run_child(spec: str, url: str, options: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=5000)
-    parser.add_argument("--runs", type=int, default=6)
+def add_ab_flags(parser: argparse.ArgumentParser, default_runs: int) -> None:
+    """The flags every alternating cold bench takes: ``--runs``, ``--variant``, ``--settle``
+    and the smoke flags."""
+    parser.add_argument("--runs", type=int, default=default_runs)
     parser.add_argument("--variant", action="append", default=None, help="NAME=module.ATTR=INT")
-    parser.add_argument("--cache-off", action="store_true", help="add fastdata, cache off")
-    parser.add_argument("--pyarrow", action="store_true", help="add pyarrow iter_batches")
     parser.add_argument(
         "--settle",
         type=float,
         default=0.0,
-        help="seconds to wait after each child (NOTE[settle]; 5 on a VM with page reporting)",
+        help="seconds to wait before each child (NOTE[settle]; 5 on a VM with page reporting)",
     )
     add_smoke_flags(parser)
-    args = parser.parse_args()
-    if args.quick:  # every variant once, so that none of them rots
-        args.rows, args.runs, args.cache_off, args.pyarrow = 300, 1, True, True
-    if args.rows < 1 or args.runs < 1:
-        parser.error("--rows and --runs must be at least 1")
+
+
+def parse_variants(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    default: list[str],
+    flagged: list[tuple[bool, str]],
+) -> dict[str, str]:
+    """``{name: spec}``: ``current`` (spec ``""``), each ``--variant`` (``default`` when
+    none is given), then each flagged variant whose flag is set (spec = its name)."""
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
     if not 0 <= args.settle <= 600:
         parser.error("--settle must be between 0 and 600 seconds")
     variants = {"current": ""}
-    for text in args.variant or [PIECES_4MIB]:
+    for text in args.variant or default:
         name, _, spec = text.partition("=")
         if not name or name in variants:
             parser.error(f"--variant {text!r}: a new NAME, not one already given or 'current'")
-        if spec.count("=") != 1 or "." not in spec.split("=")[0]:
-            parser.error(f"--variant {text!r}: give NAME=module.ATTR=INT")
-        problem = check_variant(spec)
-        if problem:
-            parser.error(f"--variant {text!r}: {problem}")
+        for item in spec.split(","):
+            if item == "cache-off":
+                continue
+            if item.count("=") != 1 or "." not in item.split("=")[0]:
+                parser.error(f"--variant {text!r}: give NAME=module.ATTR=INT[,...][,cache-off]")
+            problem = check_variant(item)
+            if problem:
+                parser.error(f"--variant {text!r}: {problem}")
         variants[name] = spec
-    for flag, name in ((args.cache_off, "cache-off"), (args.pyarrow, "pyarrow")):
+    for flag, name in flagged:
         if flag:
             if name in variants:
                 parser.error(f"--variant {name!r} and --{name}: give the variant another name")
             variants[name] = name
+    return variants
+
+
+def alternate(
+    code: str, variants: dict[str, str], args: argparse.Namespace, url: str, options: dict[str, Any]
+) -> dict[str, list[dict[str, Any]]]:
+    """``args.runs`` rounds of one fresh child per variant, the order reversed every other
+    round so that each variant sees the machine alike; each run printed as it ends."""
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
+    names = list(variants)
+    for run in range(args.runs):
+        order = names if run % 2 == 0 else names[::-1]
+        for name in order:
+            time.sleep(args.settle)  # NOTE[settle]: before each child, the upload's too
+            got = run_child(code, variants[name], url, options)
+            results[name].append(got)
+            print(
+                f"run {run} {name:>11}: {got['mbps']:7.1f} MB/s, first batch "
+                f"{got['first_s']:.3f} s, user {got['user_s']:.2f} s, sys "
+                f"{got['sys_s']:.2f} s, {got['faults']} page faults",
+                flush=True,
+            )
+    return results
+
+
+def report(
+    args: argparse.Namespace,
+    what: str,
+    variants: dict[str, str],
+    results: dict[str, list[dict[str, Any]]],
+    baseline: str,
+) -> None:
+    """Each variant's medians (as ratios of ``baseline``'s median when it ran), printed
+    and, with ``--json``, written with every run and the ratios."""
+    print(f"\n{what}, {args.runs} runs per variant, cold, num_workers=0")
+    runs_of = results.get(baseline)
+    base = statistics.median(r["mbps"] for r in runs_of) if runs_of else None
+    medians: dict[str, dict[str, float]] = {}
+    for name, runs in results.items():
+        mbps = statistics.median(r["mbps"] for r in runs)
+        first = statistics.median(r["first_s"] for r in runs)
+        medians[name] = {"mbps": mbps, "first_s": first}
+        ratio = ""
+        if base is not None:
+            medians[name][f"ratio_of_{baseline}"] = mbps / base
+            ratio = f" ({mbps / base:.2f}x {baseline}'s median)"
+        print(f"  {name:>11}: median {mbps:7.1f} MB/s{ratio}, first batch median {first:.3f} s")
+    if args.json is not None:
+        document = {
+            "settings": vars(args) | {"json": str(args.json)},
+            "variants": variants,
+            "results": results,
+            "medians": medians,
+        }
+        args.json.write_text(json.dumps(document, indent=1))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=5000)
+    parser.add_argument("--cache-off", action="store_true", help="add fastdata, cache off")
+    parser.add_argument("--pyarrow", action="store_true", help="add pyarrow iter_batches")
+    add_ab_flags(parser, default_runs=6)
+    args = parser.parse_args()
+    if args.quick:  # every variant once, so that none of them rots
+        args.rows, args.runs, args.cache_off, args.pyarrow = 300, 1, True, True
+    if args.rows < 1:
+        parser.error("--rows must be at least 1")
+    flagged = [(args.cache_off, "cache-off"), (args.pyarrow, "pyarrow")]
+    variants = parse_variants(parser, args, [PIECES_4MIB], flagged)
     server = SeaweedServer().start()
     try:
         server.create_bucket("parquet-ab")
@@ -191,40 +291,10 @@ def main() -> int:
         url = "s3://parquet-ab/parquet"
         with Store(url, storage_options=options) as store:
             upload(store, args.rows)
-        names = list(variants)
-        for run in range(args.runs):
-            order = names if run % 2 == 0 else names[::-1]
-            for name in order:
-                time.sleep(args.settle)  # NOTE[settle]: before each child, the upload's too
-                got = run_child(variants[name], url, options)
-                results[name].append(got)
-                print(
-                    f"run {run} {name:>10}: {got['mbps']:7.1f} MB/s, first batch "
-                    f"{got['first_s']:.3f} s, user {got['user_s']:.2f} s, sys "
-                    f"{got['sys_s']:.2f} s, {got['faults']} page faults",
-                    flush=True,
-                )
+        results = alternate(_CHILD, variants, args, url, options)
     finally:
         server.stop()
-    print(f"\n{args.rows} rows of 100 KiB, {args.runs} runs per variant, cold, num_workers=0")
-    baseline = results.get("pyarrow") if args.pyarrow else None
-    base = statistics.median(r["mbps"] for r in baseline) if baseline else None
-    for name, runs in results.items():
-        mbps = statistics.median(r["mbps"] for r in runs)
-        first = statistics.median(r["first_s"] for r in runs)
-        ratio = "" if base is None else f" ({mbps / base:.2f}x pyarrow's median)"
-        print(f"  {name:>10}: median {mbps:7.1f} MB/s{ratio}, first batch median {first:.3f} s")
-    if args.json is not None:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "settings": vars(args) | {"json": str(args.json)},
-                    "variants": variants,
-                    "results": results,
-                },
-                indent=1,
-            )
-        )
+    report(args, f"{args.rows} rows of 100 KiB", variants, results, "pyarrow")
     return 0
 
 

@@ -1,0 +1,130 @@
+"""Cold ``files`` epochs in fresh processes, a setting against another, alternating.
+
+    python bench/files_cold_ab.py [--samples 3000] [--runs 4] [--settle 5] [--cache-off]
+        [--obstore-map] [--unpublished] [--variant NAME=module.ATTR=VALUE ...]
+
+``--samples`` objects of 100 KiB +-20 % random bytes, ``c<label>/<id>.bin`` in ten
+class folders as the peers bench writes them, are uploaded once to the embedded
+SeaweedFS and published (``fastdata publish``: fresh nodes open them without a LIST and
+check each read by the manifest's CRC32C; ``--unpublished`` skips it, and each read is
+then checked by its MD5). Each run starts one fresh Python process per variant, in turn
+(the order reversed every other run), that reads one cold epoch through
+``fastdata.DataLoader`` (``layout="files"``, labels from the folders, ``num_workers=0``,
+batch 256, shuffle off, a new cache folder). ``current`` changes nothing; any module
+attribute that holds an int can be a variant (``--variant NAME=module.ATTR=VALUE``,
+several times; comma-separated settings, ``cache-off`` among them, as in
+``parquet_cold_ab.py``). Two more variants can be added by flag: ``--cache-off`` reads with
+``CacheConfig(enabled=False)`` (what the epoch costs without its cache writes), and
+``--obstore-map`` reads the same objects with the peers bench's cold reference for
+``files`` (a map-style torch dataset whose ``__getitems__`` has 32 obstore GETs in
+flight, no cache; issue 21's target is ``current`` at >= 1.0x of it); each median is
+then also given as a ratio of that one's. ``--settle S`` waits ``S`` seconds before each
+child (NOTE[settle] in ``parquet_cold_ab.py``). ``--quick`` runs every variant once on
+300 objects (CI smoke; the figures mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from parquet_cold_ab import (  # a sibling script
+    CHILD_HEAD,
+    TIMED_EPOCH,
+    add_ab_flags,
+    alternate,
+    parse_variants,
+    report,
+)
+from peers_bench import BUCKET  # the obstore map's store is the peers bench's bucket
+
+from fastdata.store import Store
+from fastdata.testing.seaweedfs import SeaweedServer
+
+_FILES_SETUP = r"""
+sys.path.insert(0, %(bench)r)
+from peers_bench import ObstoreMap, dict_measure, tuple_measure
+labels = json.loads(open(%(labels)r).read())
+if spec == "obstore-map":
+    import torch.utils.data
+    keys = [f"files/c{label}/{i:07d}.bin" for i, label in enumerate(labels)]
+    endpoint = options["client_kwargs"]["endpoint_url"]
+    loader = torch.utils.data.DataLoader(ObstoreMap(endpoint, keys, labels), batch_size=256)
+    close, measure = lambda: None, tuple_measure
+else:
+    config = fastdata_config(spec)
+    import fastdata
+    ds = fastdata.Dataset(url, layout="files", layout_options={"labels": True},
+                          cache_dir=cache, shuffle=False, storage_options=options, config=config)
+    loader = fastdata.DataLoader(ds, batch_size=256, num_workers=0)
+    close, measure = lambda: (loader.close(), ds.close()), dict_measure("data", "label")
+size = lambda batch: measure(batch)[1]
+"""
+
+
+def upload(store: Store, samples: int) -> list[int]:
+    """The objects, 64 MiB a ``put_many``; the label of each."""
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(int(0.8 * 102400), int(1.2 * 102400), samples)
+    labels = [int(x) for x in rng.integers(0, 10, samples)]
+    batch: list[tuple[str, bytes]] = []
+    held = 0
+    for i in range(samples):
+        batch.append((f"c{labels[i]}/{i:07d}.bin", rng.bytes(int(sizes[i]))))
+        held += int(sizes[i])
+        if held >= 64 << 20 or i == samples - 1:
+            store.put_many(batch)
+            batch, held = [], 0
+    return labels
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=3000)
+    parser.add_argument("--cache-off", action="store_true", help="add fastdata, cache off")
+    parser.add_argument(
+        "--obstore-map", action="store_true", help="add the obstore map-style reference"
+    )
+    parser.add_argument("--unpublished", action="store_true", help="no manifest: MD5 checks")
+    add_ab_flags(parser, default_runs=4)
+    args = parser.parse_args()
+    if args.quick:  # every variant once, so that none of them rots
+        args.samples, args.runs, args.cache_off, args.obstore_map = 300, 1, True, True
+    if args.samples < 1:
+        parser.error("--samples must be at least 1")
+    flagged = [(args.cache_off, "cache-off"), (args.obstore_map, "obstore-map")]
+    variants = parse_variants(parser, args, [], flagged)
+    server = SeaweedServer().start()
+    try:
+        server.create_bucket(BUCKET)
+        options = dict(server.storage_options)
+        url = f"s3://{BUCKET}/files"
+        with Store(url, storage_options=options) as store:
+            labels = upload(store, args.samples)
+        with tempfile.TemporaryDirectory(prefix="fastdata-files-ab-") as work:
+            if not args.unpublished:
+                from fastdata.index import publish
+                from fastdata.spec import DatasetSpec
+
+                spec = DatasetSpec(
+                    url, layout="files", layout_options={"labels": True}, storage_options=options
+                )
+                publish(spec, cache_dir=Path(work) / "publish-index")
+            labels_path = Path(work) / "labels.json"
+            labels_path.write_text(str(labels))
+            setup = _FILES_SETUP % {
+                "bench": str(Path(__file__).resolve().parent),
+                "labels": str(labels_path),
+            }
+            results = alternate(CHILD_HEAD + setup + TIMED_EPOCH, variants, args, url, options)
+    finally:
+        server.stop()
+    what = f"{args.samples} objects of 100 KiB, {'un' if args.unpublished else ''}published"
+    report(args, what, variants, results, "obstore-map")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
