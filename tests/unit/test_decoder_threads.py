@@ -9,6 +9,7 @@ import threading
 import time
 import tracemalloc
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,16 +21,26 @@ from fastdata.record import encode
 native = importlib.import_module("fastdata.io_native._native")
 
 
-def _progress_during(call: Callable[[], Any]) -> tuple[int, float, float]:
+@dataclass(frozen=True)
+class Probe:
+    """What a counting thread saw during one call (:func:`_progress_during`)."""
+
+    inside: int
+    """The counter's steps in the middle 60% of the call's window."""
+    window: float
+    """The call's length (seconds)."""
+    pause: float
+    """The longest stretch of the window in which the counter made no step."""
+
+
+def _progress_during(call: Callable[[], Any]) -> Probe:
     """Run one call while a Python thread counts.
 
-    Returns how many of the thread's steps fell in the middle 60% of the call's window,
-    the window's length, and the longest stretch of the window in which the thread made
-    no step. A call that releases the GIL lets the counter step while it works, so the
-    count is above 0. A call that holds the GIL stops the counter for its whole run, so
-    the longest pause is at least as long as the call takes. The count alone cannot show
-    that: the interpreter may hand the GIL to the counter between t0 and the call's first
-    C instruction, and on a loaded machine the main thread can wait many switch intervals
+    A call that releases the GIL lets the counter step while it works, so ``inside`` is
+    above 0. A call that holds the GIL stops the counter for its whole run, so ``pause``
+    is at least as long as the call takes. The count alone cannot show that: the
+    interpreter may hand the GIL to the counter between t0 and the call's first C
+    instruction, and on a loaded machine the main thread can wait many switch intervals
     to get it back, so those steps reach into the middle of the window.
     """
     stamps = np.zeros(4_000_000)
@@ -60,7 +71,7 @@ def _progress_during(call: Callable[[], Any]) -> tuple[int, float, float]:
     inside = int(((seen > t0 + margin) & (seen < t1 - margin)).sum())
     within = seen[(seen > t0) & (seen < t1)]
     pause = float(np.diff(np.concatenate(([t0], within, [t1]))).max())
-    return inside, t1 - t0, pause
+    return Probe(inside, t1 - t0, pause)
 
 
 def _alone(call: Callable[[], Any]) -> float:
@@ -86,15 +97,18 @@ def _assert_releases_the_gil(call: Callable[[], Any]) -> None:
     A call that holds the GIL stops the counter for at least the time it runs (the
     controls below show it), so it fails every probe. A call that releases it leaves the
     counter to the OS scheduler alone, whose time slices are a few milliseconds even
-    beside CPU hogs; three probes leave room for one unlucky stretch.
+    beside CPU hogs; three probes leave room for one unlucky stretch. (Subtracting the
+    counter's run delay from ``schedstat`` was tried: beside two hogs, a counter that
+    waits for the GIL wakes every switch interval and queues for a CPU each time, so a
+    call that held the GIL passed.)
     """
     alone = _alone(call)
+    assert alone >= 0.02, f"the call was too short to tell ({alone=})"
     probes = []
     for _ in range(3):
-        inside, window, pause = _progress_during(call)
-        assert window >= 0.04, "the call was too short to tell"
-        probes.append({"inside": inside, "window": window, "pause": pause})
-        if inside > 0 and pause < 0.5 * alone:
+        probe = _progress_during(call)
+        probes.append(probe)
+        if probe.inside > 0 and probe.pause < 0.5 * alone:
             return
     pytest.fail(
         f"no Python thread ran while the call worked: the GIL was held ({alone=}, {probes})"
@@ -120,6 +134,19 @@ def test_the_release_check_fails_a_call_that_holds_the_gil() -> None:
         _assert_releases_the_gil(lambda: sum(range(6_000_000)))
 
 
+def test_the_release_check_fails_a_held_gil_after_the_counter_ran_first() -> None:
+    # The case the old check (one step inside the window) let through: the counter gets
+    # the GIL first (the sleep hands it over), then the sum holds it for its whole run.
+    # The sum is long beside the sleep: the pause it makes must stay above half of the
+    # whole call's lone run, hogs or not.
+    def call() -> int:
+        time.sleep(0.01)
+        return sum(range(12_000_000))
+
+    with pytest.raises(pytest.fail.Exception, match="the GIL was held"):
+        _assert_releases_the_gil(call)
+
+
 def test_the_probe_sees_a_call_that_holds_the_gil() -> None:
     # Control: sum() over a range is one C loop that never gives up the GIL, so the
     # counter stands still for at least as long as the sum takes (half of its quickest
@@ -128,9 +155,9 @@ def test_the_probe_sees_a_call_that_holds_the_gil() -> None:
         return sum(range(6_000_000))
 
     alone = _alone(call)
-    _, window, pause = _progress_during(call)
+    probe = _progress_during(call)
     assert alone >= 0.04, "the call was too short to tell"
-    assert pause >= 0.5 * alone, (pause, alone, window)
+    assert probe.pause >= 0.5 * alone, (probe, alone)
 
 
 def test_the_probe_sees_a_held_gil_after_the_counter_ran_at_the_start() -> None:
@@ -142,8 +169,8 @@ def test_the_probe_sees_a_held_gil_after_the_counter_ran_at_the_start() -> None:
         return sum(range(6_000_000))
 
     alone = _alone(lambda: sum(range(6_000_000)))
-    _, _, pause = _progress_during(call)
-    assert pause >= 0.5 * alone, (pause, alone)
+    probe = _progress_during(call)
+    assert probe.pause >= 0.5 * alone, (probe, alone)
 
 
 def test_concurrent_gathers_from_threads_agree(big_batch: list[bytes]) -> None:
