@@ -4,7 +4,8 @@
         [--obstore-map] [--unpublished] [--variant NAME=module.ATTR=VALUE ...]
 
 ``--samples`` objects of 100 KiB +-20 % random bytes, ``c<label>/<id>.bin`` in ten
-class folders as the peers bench writes them, are uploaded once to the embedded
+class folders, made and written by the peers bench's own ``Samples`` and
+``upload_files``, are uploaded once to the embedded
 SeaweedFS and published (``fastdata publish``: fresh nodes open them without a LIST and
 check each read by the manifest's CRC32C; ``--unpublished`` skips it, and each read is
 then checked by its MD5). Each run starts one fresh Python process per variant, in turn
@@ -26,10 +27,11 @@ child (NOTE[settle] in ``parquet_cold_ab.py``). ``--quick`` runs every variant o
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 from parquet_cold_ab import (  # a sibling script
     CHILD_HEAD,
     TIMED_EPOCH,
@@ -38,13 +40,17 @@ from parquet_cold_ab import (  # a sibling script
     parse_variants,
     report,
 )
-from peers_bench import BUCKET  # the obstore map's store is the peers bench's bucket
+from peers_bench import (  # the obstore map's bucket, and the peers bench's samples
+    BUCKET,
+    FULL,
+    Samples,
+    upload_files,
+)
 
 from fastdata.store import Store
 from fastdata.testing.seaweedfs import SeaweedServer
 
 _FILES_SETUP = r"""
-sys.path.insert(0, %(bench)r)
 from peers_bench import ObstoreMap, dict_measure, tuple_measure
 labels = json.loads(open(%(labels)r).read())
 if spec == "obstore-map":
@@ -62,22 +68,6 @@ else:
     close, measure = lambda: (loader.close(), ds.close()), dict_measure("data", "label")
 size = lambda batch: measure(batch)[1]
 """
-
-
-def upload(store: Store, samples: int) -> list[int]:
-    """The objects, 64 MiB a ``put_many``; the label of each."""
-    rng = np.random.default_rng(0)
-    sizes = rng.integers(int(0.8 * 102400), int(1.2 * 102400), samples)
-    labels = [int(x) for x in rng.integers(0, 10, samples)]
-    batch: list[tuple[str, bytes]] = []
-    held = 0
-    for i in range(samples):
-        batch.append((f"c{labels[i]}/{i:07d}.bin", rng.bytes(int(sizes[i]))))
-        held += int(sizes[i])
-        if held >= 64 << 20 or i == samples - 1:
-            store.put_many(batch)
-            batch, held = [], 0
-    return labels
 
 
 def main() -> int:
@@ -101,8 +91,10 @@ def main() -> int:
         server.create_bucket(BUCKET)
         options = dict(server.storage_options)
         url = f"s3://{BUCKET}/files"
+        samples = Samples.make(replace(FULL, samples=args.samples))
         with Store(url, storage_options=options) as store:
-            labels = upload(store, args.samples)
+            upload_files(store, samples)
+        labels = samples.labels.tolist()
         with tempfile.TemporaryDirectory(prefix="fastdata-files-ab-") as work:
             if not args.unpublished:
                 from fastdata.index import publish
@@ -113,11 +105,8 @@ def main() -> int:
                 )
                 publish(spec, cache_dir=Path(work) / "publish-index")
             labels_path = Path(work) / "labels.json"
-            labels_path.write_text(str(labels))
-            setup = _FILES_SETUP % {
-                "bench": str(Path(__file__).resolve().parent),
-                "labels": str(labels_path),
-            }
+            labels_path.write_text(json.dumps(labels))
+            setup = _FILES_SETUP % {"labels": str(labels_path)}
             results = alternate(CHILD_HEAD + setup + TIMED_EPOCH, variants, args, url, options)
     finally:
         server.stop()

@@ -1,7 +1,7 @@
 """Cold Parquet epochs in fresh processes, a setting against another, alternating.
 
-    python bench/parquet_cold_ab.py [--rows 5000] [--runs 6] [--cache-off] [--pyarrow]
-        [--variant NAME=module.ATTR=VALUE ...]
+    python bench/parquet_cold_ab.py [--rows 5000] [--runs 6] [--settle S] [--cache-off]
+        [--pyarrow] [--variant NAME=module.ATTR=VALUE[,...][,cache-off] ...]
 
 A Parquet dataset (``--rows`` rows of 100 KiB +-20 % random bytes and an int label, 4,000
 rows a file, 1,000-row row groups, as the peers bench writes them) is uploaded once to
@@ -12,11 +12,9 @@ shuffle off, a new cache directory) after setting the variant's module attribute
 groups in 4 MiB pieces instead of 16 MiB (NOTE[parquet-pieces]). Any module attribute
 that holds an int can be a variant: ``--variant NAME=module.ATTR=VALUE``, several times;
 a variant may set several, comma-separated, and ``cache-off`` among them turns the cache
-off as well.
-Two more variants
-can be added by flag: ``--cache-off`` reads through fastdata with
-``CacheConfig(enabled=False)`` (what the cold epoch costs without its cache writes), and
-``--pyarrow`` reads the same objects with pyarrow's ``ParquetFile.iter_batches`` (batch
+off as well. Two more variants can be added by flag: ``--cache-off`` reads through
+fastdata with ``CacheConfig(enabled=False)`` (what the cold epoch costs without its cache
+writes), and ``--pyarrow`` reads the same objects with pyarrow's ``ParquetFile.iter_batches`` (batch
 256, the peers bench's baseline, in a fresh process too); each variant's median is then
 also given as a ratio of pyarrow's. Reported per variant: the median
 MB/s and first-batch seconds over the runs, with each run's user and system CPU and page
@@ -52,11 +50,13 @@ from decode_bench import add_smoke_flags  # a sibling script
 from fastdata.store import Store
 from fastdata.testing.seaweedfs import SeaweedServer
 
-#: What every child starts with: its arguments, and ``fastdata_config(spec)``, which
-#: applies each ``module.ATTR=INT`` of a variant and returns the config of ``cache-off``
-#: (a variant's items are separated by commas).
+#: What every child starts with: its arguments, this folder on ``sys.path`` (the children
+#: measure batches with the peers bench's own functions), and ``fastdata_config(spec)``,
+#: which applies each ``module.ATTR=INT`` of a variant and returns the config of
+#: ``cache-off`` (a variant's items are separated by commas).
 CHILD_HEAD = r"""
 import importlib, json, resource, sys, time
+sys.path.insert(0, BENCH_DIR)
 spec, url, options, cache = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
 def fastdata_config(spec):
     from fastdata.config import CacheConfig, FastdataConfig
@@ -69,7 +69,7 @@ def fastdata_config(spec):
         module, attr = target.rsplit(".", 1)
         setattr(importlib.import_module(module), attr, int(value))
     return config
-"""
+""".replace("BENCH_DIR", repr(str(Path(__file__).resolve().parent)))
 
 _PARQUET_SETUP = r"""
 if spec == "pyarrow":
@@ -86,17 +86,18 @@ if spec == "pyarrow":
         for name in names:
             with fs.open_input_file(name) as f:
                 yield from pq.ParquetFile(f).iter_batches(batch_size=256, columns=["data", "label"])
+    from peers_bench import arrow_measure
     loader, close = batches(), lambda: None
-    import pyarrow.compute as pc
-    size = lambda batch: pc.sum(pc.binary_length(batch.column(0))).as_py() or 0
+    size = lambda batch: arrow_measure(batch)[1]
 else:
     config = fastdata_config(spec)
     import fastdata
     ds = fastdata.Dataset(url, layout="parquet", cache_dir=cache, shuffle=False,
                           storage_options=options, fields=("data", "label"), config=config)
     loader = fastdata.DataLoader(ds, batch_size=256, num_workers=0)
-    close = lambda: (loader.close(), ds.close())
-    size = lambda batch: batch["data"].values.numel()
+    from peers_bench import dict_measure
+    close, measure = lambda: (loader.close(), ds.close()), dict_measure("data", "label")
+    size = lambda batch: measure(batch)[1]
 """
 
 #: The timed epoch every child ends with: ``loader`` (an iterable of batches), ``close``
@@ -190,16 +191,22 @@ def parse_variants(
     flagged: list[tuple[bool, str]],
 ) -> dict[str, str]:
     """``{name: spec}``: ``current`` (spec ``""``), each ``--variant`` (``default`` when
-    none is given), then each flagged variant whose flag is set (spec = its name)."""
+    none is given), then each flagged variant whose flag is set (spec = its name). The
+    flagged names are reserved whether or not their flag is set: ``report`` takes its
+    baseline by name."""
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     if not 0 <= args.settle <= 600:
         parser.error("--settle must be between 0 and 600 seconds")
     variants = {"current": ""}
+    reserved = {name for _, name in flagged}
     for text in args.variant or default:
         name, _, spec = text.partition("=")
-        if not name or name in variants:
-            parser.error(f"--variant {text!r}: a new NAME, not one already given or 'current'")
+        if not name or name in variants or name in reserved:
+            parser.error(
+                f"--variant {text!r}: a new NAME, not one already given, 'current' or one "
+                f"of {sorted(reserved)}"
+            )
         for item in spec.split(","):
             if item == "cache-off":
                 continue
@@ -211,8 +218,6 @@ def parse_variants(
         variants[name] = spec
     for flag, name in flagged:
         if flag:
-            if name in variants:
-                parser.error(f"--variant {name!r} and --{name}: give the variant another name")
             variants[name] = name
     return variants
 
