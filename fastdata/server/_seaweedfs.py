@@ -14,6 +14,7 @@ while, so after two seconds it gets SIGKILL.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -80,6 +81,9 @@ class SeaweedServer:
         self.start_timeout_s = start_timeout_s
         self.process: subprocess.Popen[bytes] | None = None
         self.s3_port = 0
+        self.ports: tuple[int, ...] = ()
+        """Every port of the last start (S3 first); ``stop()`` removes the sockets weed
+        made for them."""
         self._log_path: Path | None = None
 
     @property
@@ -121,6 +125,7 @@ class SeaweedServer:
                 return self
             last_log = self._log_tail()
             self._kill()
+            _remove_sockets(self.ports)
         raise RuntimeError(
             f"SeaweedFS did not start after {attempts} attempts; log tail:\n{last_log}"
         )
@@ -131,12 +136,16 @@ class SeaweedServer:
         # which is not a valid port when the free HTTP port is above 55535.
         ports = [free_port() for _ in range(8)]
         self.s3_port = ports[0]
+        self.ports = tuple(ports)
         master, volume, filer, master_grpc, volume_grpc, filer_grpc, s3_grpc = ports[1:]
         volume_dir = self.data_dir / f"run{attempt}"
         volume_dir.mkdir(exist_ok=True)
         self._log_path = self.data_dir / f"weed{attempt}.log"
         cmd = [
             find_weed(),
+            # NOTE[weed-leftovers]: glog's files (weed.INFO and the rest) in our folder,
+            # not the system's temporary one.
+            f"-logdir={self.data_dir}",
             "server",
             f"-dir={volume_dir}",
             "-s3",
@@ -241,8 +250,10 @@ class SeaweedServer:
             time.sleep(0.2)
 
     def stop(self) -> None:
-        """Stop the server by its PID and remove a temporary data directory."""
+        """Stop the server by its PID, remove the sockets it left and a temporary data
+        directory."""
         self._kill()
+        _remove_sockets(self.ports)
         if self._own_dir and self.data_dir is not None:
             shutil.rmtree(self.data_dir, ignore_errors=True)
             self.data_dir = None
@@ -257,3 +268,15 @@ class SeaweedServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _remove_sockets(ports: tuple[int, ...]) -> None:
+    """NOTE[weed-leftovers]: weed listens on a Unix socket beside each gRPC and S3 port,
+    at a fixed path (``/tmp/seaweedfs-<service>-<port>.sock``, not under ``TMPDIR``), and
+    does not remove it when stopped: a test session left about 200 of them. Only the
+    sockets of this server's ports are removed, once its process is gone."""
+    for port in ports:
+        for path in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
+            with contextlib.suppress(OSError):
+                if path.is_socket():
+                    path.unlink()
