@@ -73,19 +73,14 @@ size = lambda batch: measure(batch)[1]
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=3000)
-    parser.add_argument("--cache-off", action="store_true", help="add fastdata, cache off")
-    parser.add_argument(
-        "--obstore-map", action="store_true", help="add the obstore map-style reference"
-    )
     parser.add_argument("--unpublished", action="store_true", help="no manifest: MD5 checks")
-    add_ab_flags(parser, default_runs=4)
+    add_ab_flags(parser, default_runs=4, baseline="obstore-map")
     args = parser.parse_args()
-    if args.quick:  # every variant once, so that none of them rots
-        args.samples, args.runs, args.cache_off, args.obstore_map = 300, 1, True, True
+    if args.quick:
+        args.samples = 300
     if args.samples < 1:
         parser.error("--samples must be at least 1")
-    flagged = [(args.cache_off, "cache-off"), (args.obstore_map, "obstore-map")]
-    variants = parse_variants(parser, args, [], flagged)
+    variants = parse_variants(parser, args, [], "obstore-map")
     server = SeaweedServer().start()
     try:
         server.create_bucket(BUCKET)

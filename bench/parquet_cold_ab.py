@@ -170,9 +170,10 @@ def run_child(code: str, spec: str, url: str, options: dict[str, Any]) -> dict[s
     return result
 
 
-def add_ab_flags(parser: argparse.ArgumentParser, default_runs: int) -> None:
-    """The flags every alternating cold bench takes: ``--runs``, ``--variant``, ``--settle``
-    and the smoke flags."""
+def add_ab_flags(parser: argparse.ArgumentParser, default_runs: int, baseline: str) -> None:
+    """The flags every alternating cold bench takes: ``--runs``, ``--variant``,
+    ``--settle``, ``--cache-off``, ``--<baseline>`` (the variant the medians are given as
+    ratios of) and the smoke flags."""
     parser.add_argument("--runs", type=int, default=default_runs)
     parser.add_argument("--variant", action="append", default=None, help="NAME=module.ATTR=INT")
     parser.add_argument(
@@ -181,19 +182,23 @@ def add_ab_flags(parser: argparse.ArgumentParser, default_runs: int) -> None:
         default=0.0,
         help="seconds to wait before each child (NOTE[settle]; 5 on a VM with page reporting)",
     )
+    parser.add_argument("--cache-off", action="store_true", help="add fastdata, cache off")
+    parser.add_argument(f"--{baseline}", action="store_true", help="add the baseline")
     add_smoke_flags(parser)
 
 
 def parse_variants(
-    parser: argparse.ArgumentParser,
-    args: argparse.Namespace,
-    default: list[str],
-    flagged: list[tuple[bool, str]],
+    parser: argparse.ArgumentParser, args: argparse.Namespace, default: list[str], baseline: str
 ) -> dict[str, str]:
     """``{name: spec}``: ``current`` (spec ``""``), each ``--variant`` (``default`` when
-    none is given), then each flagged variant whose flag is set (spec = its name). The
-    flagged names are reserved whether or not their flag is set: ``report`` takes its
-    baseline by name."""
+    none is given), then ``cache-off`` and ``baseline`` where their flags are set (spec =
+    the name); ``--quick`` runs each of them once. The two names are reserved whether or
+    not their flag is set: ``report`` takes the baseline by name."""
+    flag = baseline.replace("-", "_")
+    if args.quick:  # every variant once, so that none of them rots
+        args.runs, args.cache_off = 1, True
+        setattr(args, flag, True)
+    flagged = [(args.cache_off, "cache-off"), (getattr(args, flag), baseline)]
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     if not 0 <= args.settle <= 600:
@@ -216,8 +221,8 @@ def parse_variants(
             if problem:
                 parser.error(f"--variant {text!r}: {problem}")
         variants[name] = spec
-    for flag, name in flagged:
-        if flag:
+    for on, name in flagged:
+        if on:
             variants[name] = name
     return variants
 
@@ -279,16 +284,13 @@ def report(
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=5000)
-    parser.add_argument("--cache-off", action="store_true", help="add fastdata, cache off")
-    parser.add_argument("--pyarrow", action="store_true", help="add pyarrow iter_batches")
-    add_ab_flags(parser, default_runs=6)
+    add_ab_flags(parser, default_runs=6, baseline="pyarrow")
     args = parser.parse_args()
-    if args.quick:  # every variant once, so that none of them rots
-        args.rows, args.runs, args.cache_off, args.pyarrow = 300, 1, True, True
+    if args.quick:
+        args.rows = 300
     if args.rows < 1:
         parser.error("--rows must be at least 1")
-    flagged = [(args.cache_off, "cache-off"), (args.pyarrow, "pyarrow")]
-    variants = parse_variants(parser, args, [PIECES_4MIB], flagged)
+    variants = parse_variants(parser, args, [PIECES_4MIB], "pyarrow")
     server = SeaweedServer().start()
     try:
         server.create_bucket("parquet-ab")
