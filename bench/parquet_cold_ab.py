@@ -11,15 +11,18 @@ shuffle off, a new cache directory) after setting the variant's module attribute
 ``current`` changes nothing; the default second variant, ``pieces-4mib``, decodes row
 groups in 4 MiB pieces instead of 16 MiB (NOTE[parquet-pieces]). Any module attribute
 that holds an int can be a variant: ``--variant NAME=module.ATTR=VALUE``, several times;
-a variant may set several, comma-separated, and ``cache-off`` among them turns the cache
-off as well. Two more variants can be added by flag: ``--cache-off`` reads through
-fastdata with ``CacheConfig(enabled=False)`` (what the cold epoch costs without its cache
-writes), and ``--pyarrow`` reads the same objects with pyarrow's ``ParquetFile.iter_batches`` (batch
-256, the peers bench's baseline, in a fresh process too); each variant's median is then
-also given as a ratio of pyarrow's. Reported per variant: the median
-MB/s and first-batch seconds over the runs, with each run's user and system CPU and page
-faults. The first run after the upload pays for memory the VM never gave the process
-before (docs/benchmark.md); the variants alternate so that each sees the machine alike.
+``cache.FIELD=VALUE`` sets an int field of ``CacheConfig`` instead (e.g.
+``cache.writeback_bytes=67108864``); a variant may set several, comma-separated, and
+``cache-off`` among them turns the cache off as well. Two more variants can be added by
+flag: ``--cache-off`` reads through fastdata with ``CacheConfig(enabled=False)`` (what the
+cold epoch costs without its cache writes), and ``--pyarrow`` reads the same objects with
+pyarrow's ``ParquetFile.iter_batches`` (batch 256, the peers bench's baseline, in a fresh
+process too); each variant's median is then also given as a ratio of pyarrow's. Reported
+per variant: the median MB/s and first-batch seconds over the runs, with each run's user
+and system CPU, page faults and, for fastdata, the records the cache had written and
+deferred (NOTE[admission-deferral]) when the last batch was out. The first run after the
+upload pays for memory the VM never gave the process before (docs/benchmark.md); the
+variants alternate so that each sees the machine alike.
 
 NOTE[settle]: each child's cache folder is removed when it ends, and the next child gets
 the pages just freed. On a VM whose balloon reports free pages to the host, memory freed
@@ -52,23 +55,27 @@ from fastdata.testing.seaweedfs import SeaweedServer
 
 #: What every child starts with: its arguments, this folder on ``sys.path`` (the children
 #: measure batches with the peers bench's own functions), and ``fastdata_config(spec)``,
-#: which applies each ``module.ATTR=INT`` of a variant and returns the config of
-#: ``cache-off`` (a variant's items are separated by commas).
+#: which applies each ``module.ATTR=INT`` of a variant and returns the config of its
+#: ``cache.FIELD=INT`` items (``CacheConfig`` fields) and ``cache-off`` (a variant's items
+#: are separated by commas).
 CHILD_HEAD = r"""
 import importlib, json, resource, sys, time
 sys.path.insert(0, BENCH_DIR)
 spec, url, options, cache = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
 def fastdata_config(spec):
     from fastdata.config import CacheConfig, FastdataConfig
-    config = None
+    fields = {}
     for item in filter(None, spec.split(",")):
         if item == "cache-off":
-            config = FastdataConfig(cache=CacheConfig(enabled=False))
+            fields["enabled"] = False
             continue
         target, value = item.rsplit("=", 1)
         module, attr = target.rsplit(".", 1)
-        setattr(importlib.import_module(module), attr, int(value))
-    return config
+        if module == "cache":
+            fields[attr] = int(value)
+        else:
+            setattr(importlib.import_module(module), attr, int(value))
+    return FastdataConfig(cache=CacheConfig(**fields)) if fields else None
 """.replace("BENCH_DIR", repr(str(Path(__file__).resolve().parent)))
 
 _PARQUET_SETUP = r"""
@@ -101,7 +108,10 @@ else:
 """
 
 #: The timed epoch every child ends with: ``loader`` (an iterable of batches), ``close``
-#: and ``size`` (the data bytes of a batch) are set by the child's setup above it.
+#: and ``size`` (the data bytes of a batch) are set by the child's setup above it. For a
+#: ``fastdata.DataLoader`` it also reports, when the epoch's last batch is out (before
+#: ``close`` flushes the write-behind), how many records the cache had written and how
+#: many it deferred (NOTE[admission-deferral]).
 TIMED_EPOCH = r"""
 r0 = resource.getrusage(resource.RUSAGE_SELF)
 start, first, nbytes = time.perf_counter(), None, 0
@@ -112,10 +122,13 @@ for batch in loader:
 assert first is not None, "the epoch delivered no batch"
 seconds = time.perf_counter() - start
 r1 = resource.getrusage(resource.RUSAGE_SELF)
+counts = getattr(loader, "stats", None)
+counts = (counts().cache or {}) if callable(counts) else {}
 close()
 print("RESULT" + json.dumps({"mbps": nbytes / seconds / 1e6, "first_s": first,
       "user_s": r1.ru_utime - r0.ru_utime, "sys_s": r1.ru_stime - r0.ru_stime,
-      "faults": r1.ru_minflt - r0.ru_minflt}))
+      "faults": r1.ru_minflt - r0.ru_minflt,
+      "written": counts.get("writeback_records"), "deferred": counts.get("deferred")}))
 """
 _CHILD = CHILD_HEAD + _PARQUET_SETUP + TIMED_EPOCH
 
@@ -136,10 +149,18 @@ def upload(store: Store, rows: int) -> None:
 
 
 def check_variant(spec: str) -> str | None:
-    """What is wrong with ``module.ATTR=INT``, or None: a misspelt attribute would be
-    created, not changed, and the run would measure ``current`` twice."""
+    """What is wrong with ``module.ATTR=INT`` (or ``cache.FIELD=INT``), or None: a
+    misspelt attribute would be created, not changed, and the run would measure
+    ``current`` twice."""
     target, value = spec.rsplit("=", 1)
     module_name, attr = target.rsplit(".", 1)
+    if module_name == "cache":  # a CacheConfig field
+        from fastdata.config import CacheConfig
+
+        default = getattr(CacheConfig(), attr, None)
+        if not isinstance(default, int) or isinstance(default, bool):
+            return f"CacheConfig has no int field {attr!r} (cache-off turns the cache off)"
+        return None if value.lstrip("-").isdigit() else f"{value!r} is not an int"
     try:
         int(value)
         module = importlib.import_module(module_name)
@@ -175,7 +196,12 @@ def add_ab_flags(parser: argparse.ArgumentParser, default_runs: int, baseline: s
     ``--settle``, ``--cache-off``, ``--<baseline>`` (the variant the medians are given as
     ratios of) and the smoke flags."""
     parser.add_argument("--runs", type=int, default=default_runs)
-    parser.add_argument("--variant", action="append", default=None, help="NAME=module.ATTR=INT")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=None,
+        help="NAME=module.ATTR=INT or NAME=cache.FIELD=INT",
+    )
     parser.add_argument(
         "--settle",
         type=float,
@@ -216,7 +242,10 @@ def parse_variants(
             if item == "cache-off":
                 continue
             if item.count("=") != 1 or "." not in item.split("=")[0]:
-                parser.error(f"--variant {text!r}: give NAME=module.ATTR=INT[,...][,cache-off]")
+                parser.error(
+                    f"--variant {text!r}: give NAME=module.ATTR=INT[,...][,cache-off] "
+                    "(cache.FIELD=INT for a CacheConfig field)"
+                )
             problem = check_variant(item)
             if problem:
                 parser.error(f"--variant {text!r}: {problem}")
@@ -243,7 +272,12 @@ def alternate(
             print(
                 f"run {run} {name:>11}: {got['mbps']:7.1f} MB/s, first batch "
                 f"{got['first_s']:.3f} s, user {got['user_s']:.2f} s, sys "
-                f"{got['sys_s']:.2f} s, {got['faults']} page faults",
+                f"{got['sys_s']:.2f} s, {got['faults']} page faults"
+                + (
+                    f", {got['written']} records written, {got['deferred']} deferred"
+                    if got.get("written") is not None
+                    else ""
+                ),
                 flush=True,
             )
     return results

@@ -1,0 +1,110 @@
+"""Cold ``packed`` epochs in fresh processes, a setting against another, alternating.
+
+    python bench/packed_cold_ab.py [--samples 5000] [--runs 4] [--settle 5] [--cache-off]
+        [--ranges] [--variant NAME=module.ATTR=VALUE ...]
+
+``--samples`` objects of 100 KiB +-20 % random bytes, made and written by the peers
+bench's own ``Samples`` and ``upload_files``, are uploaded once to the embedded SeaweedFS
+and converted with ``fastdata.pack`` into 64 MiB shards, as the peers bench does. Each run
+starts one fresh Python process per variant, in turn (the order reversed every other
+run), that reads one cold epoch through ``fastdata.DataLoader`` (``layout="packed"``,
+``num_workers=0``, batch 256, shuffle off, a new cache folder). ``current`` changes
+nothing; a variant sets module attributes that hold ints (``--variant
+NAME=module.ATTR=VALUE[,...][,cache-off]``, as in ``parquet_cold_ab.py``). Two more
+variants can be added by flag: ``--cache-off`` reads with ``CacheConfig(enabled=False)``
+(what the epoch costs without its cache writes), and ``--ranges`` reads every shard in
+8 MiB ranged GETs, 8 in flight, with bare obstore and nothing done with the bytes (the
+peers bench's range ceiling; issue 21's target is ``current`` at >= 0.7x of it); each
+median is then also given as a ratio of that one's. ``--settle S`` waits ``S`` seconds
+before each child (NOTE[settle] in ``parquet_cold_ab.py``). ``--quick`` runs every variant
+once on 300 objects in 1 MiB shards (CI smoke; the figures mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from dataclasses import replace
+
+from parquet_cold_ab import (  # a sibling script
+    CHILD_HEAD,
+    TIMED_EPOCH,
+    add_ab_flags,
+    alternate,
+    parse_variants,
+    report,
+)
+from peers_bench import BUCKET, FULL, MIB, Samples, upload_files  # the peers bench's data
+
+import fastdata.pack
+from fastdata.store import Store
+from fastdata.testing.seaweedfs import SeaweedServer
+
+_PACKED_SETUP = r"""
+if spec == "ranges":
+    import asyncio, obstore
+    from peers_bench import _gather, raw_store
+    store = raw_store(options["client_kwargs"]["endpoint_url"])
+    spans = [(f"packed/{path}", start, min(start + %(range_bytes)d, size))
+             for path, size in %(shards)r for start in range(0, size, %(range_bytes)d)]
+    async def get_range(span):
+        return await obstore.get_range_async(store, span[0], start=span[1], end=span[2])
+    asyncio.run(_gather(8, spans[:8], get_range))  # connections, before the clock
+    def batches():
+        yield asyncio.run(_gather(8, spans, get_range))
+    loader, close, size = batches(), lambda: None, lambda nbytes: nbytes
+else:
+    config = fastdata_config(spec)
+    import fastdata
+    from peers_bench import dict_measure
+    ds = fastdata.Dataset(url, layout="packed", cache_dir=cache, shuffle=False,
+                          storage_options=options, config=config)
+    loader = fastdata.DataLoader(ds, batch_size=256, num_workers=0)
+    close, measure = lambda: (loader.close(), ds.close()), dict_measure("data", "label")
+    size = lambda batch: measure(batch)[1]
+"""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=FULL.samples)
+    add_ab_flags(parser, default_runs=4, baseline="ranges")
+    args = parser.parse_args()
+    shard_bytes = FULL.chunk_bytes
+    if args.quick:
+        args.samples, shard_bytes = 300, 1 * MIB
+    if args.samples < 1:
+        parser.error("--samples must be at least 1")
+    variants = parse_variants(parser, args, [], "ranges")
+    server = SeaweedServer().start()
+    try:
+        server.create_bucket(BUCKET)
+        options = dict(server.storage_options)
+        root = f"s3://{BUCKET}"
+        samples = Samples.make(replace(FULL, samples=args.samples))
+        with Store(f"{root}/files", storage_options=options) as store:
+            upload_files(store, samples)
+        with tempfile.TemporaryDirectory(prefix="fastdata-packed-ab-") as work:
+            fastdata.pack.pack(
+                f"{root}/files",
+                f"{root}/packed",
+                layout="files",
+                labels=True,
+                shard_bytes=shard_bytes,
+                storage_options=options,
+                cache_dir=work,
+            )
+        with Store(f"{root}/packed", storage_options=options) as store:
+            shards = [(i.path, i.size) for i in store.list() if i.path.endswith(".fdpack")]
+        setup = _PACKED_SETUP % {"shards": shards, "range_bytes": FULL.range_bytes}
+        code = CHILD_HEAD + setup + TIMED_EPOCH
+        results = alternate(code, variants, args, f"{root}/packed", options)
+    finally:
+        server.stop()
+    what = f"{args.samples} samples of 100 KiB in {len(shards)} packed shards"
+    report(args, what, variants, results, "ranges")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
