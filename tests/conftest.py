@@ -5,6 +5,8 @@
 * ``s3_bucket``: a fresh, DNS-valid bucket on that server for one test.
 * ``moto_server`` (session) / ``moto_bucket``: moto's ThreadedMotoServer on port 0, reset
   between tests; for fast store-layer unit tests only.
+* The session's own temporary folder (NOTE[session-temp] in ``tests/_session_temp.py``):
+  ``TMPDIR`` for every process the session starts, removed at its end.
 * ``--allowed-skips FILE`` (or ``PYTEST_ALLOWED_SKIPS=FILE``, what CI sets): the
   run fails if a test skips for a reason that matches no pattern in FILE (CI passes
   ``.ci/allowed-skips``: a skip there is a lost test).
@@ -23,6 +25,7 @@ from hypothesis import HealthCheck, settings
 
 from fastdata.testing.s3 import S3Target
 from fastdata.testing.seaweedfs import SeaweedServer
+from tests._session_temp import SessionTemp, open_session_temp
 
 # The contract suites live in the package (fastdata.testing) so a third-party tier or
 # store can run them; their asserts get pytest's messages only when registered first.
@@ -61,7 +64,13 @@ class _SkipGate:
     unexpected: ClassVar[list[str]] = []
 
 
+_SESSION_TEMP = pytest.StashKey[SessionTemp]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    # NOTE[session-temp]: in the controller, before xdist starts its workers.
+    if not hasattr(config, "workerinput"):
+        config.stash[_SESSION_TEMP] = open_session_temp()
     # The option, else the environment (what .ci/run sets: the README's plain `pytest`
     # parses PYTEST_ADDOPTS before this file defines the option).
     path = config.getoption("--allowed-skips") or os.environ.get("PYTEST_ALLOWED_SKIPS")
@@ -82,6 +91,12 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     reason = reason.removeprefix("Skipped: ")
     if not any(p.search(reason) for p in _SkipGate.allowed):
         _SkipGate.unexpected.append(f"{report.nodeid}: {reason}")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    temp = config.stash.get(_SESSION_TEMP, None)
+    if temp is not None:
+        temp.close()
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
