@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -266,6 +267,7 @@ def alternate(
     for run in range(args.runs):
         order = names if run % 2 == 0 else names[::-1]
         for name in order:
+            os.sync()  # the upload's bytes, then each child's, on disk before the next one
             time.sleep(args.settle)  # NOTE[settle]: before each child, the upload's too
             got = run_child(code, variants[name], url, options)
             results[name].append(got)

@@ -991,6 +991,15 @@ def run_system(plan: dict[str, Any], system: str, timeout_s: float) -> list[Cell
     161-173 MB/s (first batch 0.97-1.15 s) when started right after another process, and
     at 242-254 MB/s (0.77-0.81 s) when started 5 s later. Without the wait, the system
     right after another one gets the pages that one freed.
+
+    Before the limits and before each system's wait, ``os.sync()`` writes back what the
+    bench and the last system left dirty in the page cache. The upload of every format left
+    1.5-2.0 GB dirty (``Dirty:`` in ``/proc/meminfo``, sampled every 0.5 s), and the kernel
+    wrote it back about 30 s later (``vm.dirty_expire_centisecs`` 3000), while the second
+    system's cells ran. LitData's chunks in its local cache are not synced either. (In
+    two runs of ``--systems "fastdata parquet" --workers 0`` with the sync, pyarrow's first
+    batch still took 0.56 and 1.03 s: the same pyarrow child, alone, took 0.10-0.76 s from
+    one run to the next.)
     """
     spec = BY_NAME[system]
     expected = [(state, w) for w in worker_counts(plan, system) for state in spec.states]
@@ -1534,11 +1543,13 @@ def main(argv: list[str] | None = None) -> int:
             ),
             "start_method": multiprocessing.get_start_method(),
         }
+        os.sync()  # NOTE[settle-systems]: the upload's 1.5-2 GB are written back now
         say("limits: fresh pages, obstore GET and range ceilings")
         limits = measure_limits(plan, sizes, samples)
         cells: list[Cell] = []
         for system in systems:
-            time.sleep(sizes.settle_s)  # NOTE[settle-systems]
+            os.sync()  # NOTE[settle-systems]: what the last one wrote is on disk first
+            time.sleep(sizes.settle_s)
             say(system)  # after the wait: the line marks the system's start
             cells += run_system(plan, system, sizes.cell_timeout_s)
     finally:
