@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 __all__ = ["PREFIX", "SessionTemp", "open_session_temp"]
 
@@ -36,7 +36,10 @@ class SessionTemp:
     closed: bool = False
 
     def close(self) -> None:
-        """Restore the environment and remove the folder with all it holds (once)."""
+        """Restore the environment and remove the folder with all it holds (once).
+
+        What cannot be removed (a process still writing there, another user's file) is
+        reported, never raised: the session's result is its tests'."""
         if self.closed:
             return
         self.closed = True
@@ -46,15 +49,15 @@ class SessionTemp:
             else:
                 os.environ[name] = value
         tempfile.tempdir = None  # computed again from the restored environment
-        os.chmod(self.path, stat.S_IRWXU)  # a folder left read-only is emptied all the same
-        for folder, names, _ in os.walk(self.path):
-            for name in names:
-                if not os.path.islink(os.path.join(folder, name)):
-                    os.chmod(os.path.join(folder, name), stat.S_IRWXU)
-        try:
-            shutil.rmtree(self.path)
-        except OSError as exc:  # a process still writing there: say so, fail no test
-            print(f"could not remove the session's temporary folder {self.path}: {exc}")
+        failed: list[str] = []
+
+        def note(function: Any, path: str, exc_info: Any) -> None:
+            if not isinstance(exc_info[1], FileNotFoundError):  # gone already is fine
+                failed.append(f"{path}: {exc_info[1]}")
+
+        shutil.rmtree(self.path, onerror=note)
+        if failed:
+            print(f"could not remove all of the session's temporary folder: {failed[:5]}")
 
 
 def open_session_temp() -> SessionTemp:
@@ -62,7 +65,8 @@ def open_session_temp() -> SessionTemp:
     root = tempfile.gettempdir()
     path = Path(tempfile.mkdtemp(prefix=PREFIX, dir=root))
     saved = {name: os.environ.get(name) for name in _NAMES}
-    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", root)
+    if not os.environ.get("PYTEST_DEBUG_TEMPROOT"):  # pytest reads an empty one as unset
+        os.environ["PYTEST_DEBUG_TEMPROOT"] = root
     os.environ["TMPDIR"] = str(path)
     tempfile.tempdir = None
     return SessionTemp(path, saved)
