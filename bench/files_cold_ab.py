@@ -5,17 +5,17 @@
 
 ``--samples`` objects of 100 KiB +-20 % random bytes, ``c<label>/<id>.bin`` in ten
 class folders, made and written by the peers bench's own ``Samples`` and
-``upload_files``, are uploaded once to the embedded
-SeaweedFS and published (``fastdata publish``: fresh nodes open them without a LIST and
-check each read by the manifest's CRC32C; ``--unpublished`` skips it, and each read is
-then checked by its MD5). Each run starts one fresh Python process per variant, in turn
-(the order reversed every other run), that reads one cold epoch through
-``fastdata.DataLoader`` (``layout="files"``, labels from the folders, ``num_workers=0``,
-batch 256, shuffle off, a new cache folder). ``current`` changes nothing; any module
-attribute that holds an int can be a variant (``--variant NAME=module.ATTR=VALUE``,
-several times; comma-separated settings, ``cache-off`` among them, as in
-``parquet_cold_ab.py``). Two more variants can be added by flag: ``--cache-off`` reads with
-``CacheConfig(enabled=False)`` (what the epoch costs without its cache writes), and
+``upload_files``, are uploaded once to the embedded SeaweedFS and published (``fastdata
+publish``: fresh nodes open them without a LIST and check each read by the manifest's
+CRC32C; ``--unpublished`` skips it, and each read is then checked by its MD5). Each run
+starts one fresh Python process per variant, in turn (the order reversed every other
+run), that reads one cold epoch through ``fastdata.DataLoader`` (``layout="files"``,
+labels from the folders, ``num_workers=0``, batch 256, shuffle off, a new cache folder).
+``current`` changes nothing; any module attribute that holds an int can be a variant
+(``--variant NAME=module.ATTR=VALUE``, several times; ``cache.FIELD=VALUE`` sets an int
+field of ``CacheConfig``; comma-separated settings, ``cache-off`` among them, as in
+``parquet_cold_ab.py``). Two more variants can be added by flag: ``--cache-off`` reads
+with ``CacheConfig(enabled=False)`` (what the epoch costs without its cache writes), and
 ``--obstore-map`` reads the same objects with the peers bench's cold reference for
 ``files`` (a map-style torch dataset whose ``__getitems__`` has 32 obstore GETs in
 flight, no cache; issue 21's target is ``current`` at >= 1.0x of it); each median is
@@ -51,7 +51,7 @@ from fastdata.store import Store
 from fastdata.testing.seaweedfs import SeaweedServer
 
 _FILES_SETUP = r"""
-from peers_bench import ObstoreMap, dict_measure, tuple_measure
+from peers_bench import ObstoreMap, tuple_measure
 labels = json.loads(open(%(labels)r).read())
 if spec == "obstore-map":
     import torch.utils.data
@@ -59,14 +59,9 @@ if spec == "obstore-map":
     endpoint = options["client_kwargs"]["endpoint_url"]
     loader = torch.utils.data.DataLoader(ObstoreMap(endpoint, keys, labels), batch_size=256)
     close, measure = lambda: None, tuple_measure
+    size = lambda batch: measure(batch)[1]
 else:
-    config = fastdata_config(spec)
-    import fastdata
-    ds = fastdata.Dataset(url, layout="files", layout_options={"labels": True},
-                          cache_dir=cache, shuffle=False, storage_options=options, config=config)
-    loader = fastdata.DataLoader(ds, batch_size=256, num_workers=0)
-    close, measure = lambda: (loader.close(), ds.close()), dict_measure("data", "label")
-size = lambda batch: measure(batch)[1]
+    loader, close, size = fastdata_epoch("files", layout_options={"labels": True})
 """
 
 

@@ -58,7 +58,9 @@ from fastdata.testing.seaweedfs import SeaweedServer
 #: measure batches with the peers bench's own functions), and ``fastdata_config(spec)``,
 #: which applies each ``module.ATTR=INT`` of a variant and returns the config of its
 #: ``cache.FIELD=INT`` items (``CacheConfig`` fields) and ``cache-off`` (a variant's items
-#: are separated by commas).
+#: are separated by commas), and ``fastdata_epoch(layout, ...)``: the variant's
+#: ``loader``, ``close`` and ``size`` for one cold epoch through ``fastdata.DataLoader``
+#: (batch 256, ``num_workers=0``, shuffle off, the child's new cache folder).
 CHILD_HEAD = r"""
 import importlib, json, resource, sys, time
 sys.path.insert(0, BENCH_DIR)
@@ -77,6 +79,15 @@ def fastdata_config(spec):
         else:
             setattr(importlib.import_module(module), attr, int(value))
     return FastdataConfig(cache=CacheConfig(**fields)) if fields else None
+def fastdata_epoch(layout, **dataset_options):
+    config = fastdata_config(spec)
+    import fastdata
+    from peers_bench import dict_measure
+    ds = fastdata.Dataset(url, layout=layout, cache_dir=cache, shuffle=False,
+                          storage_options=options, config=config, **dataset_options)
+    loader = fastdata.DataLoader(ds, batch_size=256, num_workers=0)
+    measure = dict_measure("data", "label")
+    return loader, lambda: (loader.close(), ds.close()), lambda batch: measure(batch)[1]
 """.replace("BENCH_DIR", repr(str(Path(__file__).resolve().parent)))
 
 _PARQUET_SETUP = r"""
@@ -98,14 +109,7 @@ if spec == "pyarrow":
     loader, close = batches(), lambda: None
     size = lambda batch: arrow_measure(batch)[1]
 else:
-    config = fastdata_config(spec)
-    import fastdata
-    ds = fastdata.Dataset(url, layout="parquet", cache_dir=cache, shuffle=False,
-                          storage_options=options, fields=("data", "label"), config=config)
-    loader = fastdata.DataLoader(ds, batch_size=256, num_workers=0)
-    from peers_bench import dict_measure
-    close, measure = lambda: (loader.close(), ds.close()), dict_measure("data", "label")
-    size = lambda batch: measure(batch)[1]
+    loader, close, size = fastdata_epoch("parquet", fields=("data", "label"))
 """
 
 #: The timed epoch every child ends with: ``loader`` (an iterable of batches), ``close``
@@ -155,13 +159,17 @@ def check_variant(spec: str) -> str | None:
     ``current`` twice."""
     target, value = spec.rsplit("=", 1)
     module_name, attr = target.rsplit(".", 1)
-    if module_name == "cache":  # a CacheConfig field
+    if module_name == "cache":  # a CacheConfig field; the variant's whole config: below
         from fastdata.config import CacheConfig
 
         default = getattr(CacheConfig(), attr, None)
         if not isinstance(default, int) or isinstance(default, bool):
             return f"CacheConfig has no int field {attr!r} (cache-off turns the cache off)"
-        return None if value.lstrip("-").isdigit() else f"{value!r} is not an int"
+        try:
+            int(value)
+        except ValueError:
+            return f"{value!r} is not an int"
+        return None
     try:
         int(value)
         module = importlib.import_module(module_name)
@@ -171,6 +179,19 @@ def check_variant(spec: str) -> str | None:
         return f"no module {module_name!r} ({exc})"
     if not isinstance(getattr(module, attr, None), int):
         return f"{module_name} has no int attribute {attr!r}"
+    return None
+
+
+def cache_config_problem(fields: dict[str, Any]) -> str | None:
+    """What ``CacheConfig`` says of a variant's fields, or None (checked before the upload,
+    not in the child after it)."""
+    from fastdata.config import CacheConfig
+    from fastdata.errors import ConfigError
+
+    try:
+        CacheConfig(**fields)
+    except (ConfigError, TypeError, ValueError) as exc:
+        return str(exc)
     return None
 
 
@@ -239,8 +260,10 @@ def parse_variants(
                 f"--variant {text!r}: a new NAME, not one already given, 'current' or one "
                 f"of {sorted(reserved)}"
             )
+        fields: dict[str, Any] = {}
         for item in spec.split(","):
             if item == "cache-off":
+                fields["enabled"] = False
                 continue
             if item.count("=") != 1 or "." not in item.split("=")[0]:
                 parser.error(
@@ -250,6 +273,14 @@ def parse_variants(
             problem = check_variant(item)
             if problem:
                 parser.error(f"--variant {text!r}: {problem}")
+            target, value = item.rsplit("=", 1)
+            if target.startswith("cache."):
+                if target[6:] in fields:
+                    parser.error(f"--variant {text!r}: {target} is given twice")
+                fields[target[6:]] = int(value)
+        problem = cache_config_problem(fields)
+        if problem:
+            parser.error(f"--variant {text!r}: {problem}")
         variants[name] = spec
     for on, name in flagged:
         if on:

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import importlib.metadata
 import importlib.util
@@ -1055,6 +1056,23 @@ def raw_store(endpoint: str) -> Any:
     )
 
 
+def range_spans(shards: list[tuple[str, int]], range_bytes: int) -> list[tuple[str, int, int]]:
+    """Every packed shard ``(path, size)`` cut into ``(key, start, end)`` ranges of
+    ``range_bytes`` (the range ceiling's requests)."""
+    return [
+        (f"packed/{path}", start, min(start + range_bytes, size))
+        for path, size in shards
+        for start in range(0, size, range_bytes)
+    ]
+
+
+async def get_span(store: Any, span: tuple[str, int, int]) -> Any:
+    """One ranged GET of the range ceiling, with bare obstore."""
+    import obstore
+
+    return await obstore.get_range_async(store, span[0], start=span[1], end=span[2])
+
+
 async def _gather(n: int, items: list[Any], fn: Callable[[Any], Coroutine[Any, Any, Any]]) -> int:
     """``fn(item)`` for every item, ``n`` in flight; the bytes they returned."""
     it = iter(items)
@@ -1127,15 +1145,8 @@ def measure_limits(plan: dict[str, Any], sizes: Sizes, samples: Samples) -> dict
             _timed_limit("get", lambda c=c: asyncio.run(_gather(c, keys, get)), total, server, c)
         )
     shards = plan["packed_shards"]
-    spans = [
-        (f"packed/{path}", start, min(start + sizes.range_bytes, size))
-        for path, size in shards
-        for start in range(0, size, sizes.range_bytes)
-    ]
-
-    async def get_range(span: tuple[str, int, int]) -> Any:
-        return await obstore.get_range_async(store, span[0], start=span[1], end=span[2])
-
+    spans = range_spans(shards, sizes.range_bytes)
+    get_range = functools.partial(get_span, store)
     c = sizes.range_concurrency
     asyncio.run(_gather(c, spans[:c], get_range))
     ranges = _timed_limit(
