@@ -97,7 +97,9 @@ def main() -> int:
             labels_path = Path(work) / "labels.json"
             labels_path.write_text(json.dumps(labels))
             setup = _FILES_SETUP % {"labels": str(labels_path)}
-            results = alternate(CHILD_HEAD + setup + TIMED_EPOCH, variants, args, url, options)
+            results = alternate(
+                CHILD_HEAD + setup + TIMED_EPOCH, variants, args, url, options, server
+            )
     finally:
         server.stop()
     what = f"{args.samples} objects of 100 KiB, {'un' if args.unpublished else ''}published"

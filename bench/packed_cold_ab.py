@@ -90,7 +90,7 @@ def main() -> int:
             shards = [(i.path, i.size) for i in store.list() if i.path.endswith(".fdpack")]
         setup = _PACKED_SETUP % {"shards": shards, "range_bytes": FULL.range_bytes}
         code = CHILD_HEAD + setup + TIMED_EPOCH
-        results = alternate(code, variants, args, f"{root}/packed", options)
+        results = alternate(code, variants, args, f"{root}/packed", options, server)
     finally:
         server.stop()
     what = f"{args.samples} samples of 100 KiB in {len(shards)} packed shards"

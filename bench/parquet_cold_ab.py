@@ -51,6 +51,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from decode_bench import add_smoke_flags  # a sibling script
 
+from fastdata.benchmark._measure import pid_cpu_s
 from fastdata.store import Store
 from fastdata.testing.seaweedfs import SeaweedServer
 
@@ -289,23 +290,35 @@ def parse_variants(
 
 
 def alternate(
-    code: str, variants: dict[str, str], args: argparse.Namespace, url: str, options: dict[str, Any]
+    code: str,
+    variants: dict[str, str],
+    args: argparse.Namespace,
+    url: str,
+    options: dict[str, Any],
+    server: SeaweedServer,
 ) -> dict[str, list[dict[str, Any]]]:
     """``args.runs`` rounds of one fresh child per variant, the order reversed every other
-    round so that each variant sees the machine alike; each run printed as it ends."""
+    round so that each variant sees the machine alike; each run printed as it ends, with
+    the CPU seconds ``server`` spent while the child ran (``server_s``: its setup and its
+    epoch; the same setup for every variant of a script)."""
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     names = list(variants)
+    pid = server.process.pid if server.process is not None else None
     for run in range(args.runs):
         order = names if run % 2 == 0 else names[::-1]
         for name in order:
             os.sync()  # the upload's bytes, then each child's, on disk before the next one
             time.sleep(args.settle)  # NOTE[settle]: before each child, the upload's too
+            before = pid_cpu_s(pid) if pid is not None else None
             got = run_child(code, variants[name], url, options)
+            after = pid_cpu_s(pid) if pid is not None else None
+            got["server_s"] = None if before is None or after is None else after - before
             results[name].append(got)
             print(
                 f"run {run} {name:>11}: {got['mbps']:7.1f} MB/s, first batch "
                 f"{got['first_s']:.3f} s, user {got['user_s']:.2f} s, sys "
                 f"{got['sys_s']:.2f} s, {got['faults']} page faults"
+                + (f", server {got['server_s']:.2f} s" if got["server_s"] is not None else "")
                 + (
                     f", {got['written']} records written, {got['deferred']} deferred"
                     if got.get("written") is not None
@@ -365,7 +378,7 @@ def main() -> int:
         url = "s3://parquet-ab/parquet"
         with Store(url, storage_options=options) as store:
             upload(store, args.rows)
-        results = alternate(_CHILD, variants, args, url, options)
+        results = alternate(_CHILD, variants, args, url, options, server)
     finally:
         server.stop()
     report(args, f"{args.rows} rows of 100 KiB", variants, results, "pyarrow")
