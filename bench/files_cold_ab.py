@@ -27,28 +27,21 @@ child (NOTE[settle] in ``parquet_cold_ab.py``). ``--quick`` runs every variant o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import tempfile
-from dataclasses import replace
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from parquet_cold_ab import (  # a sibling script
     CHILD_HEAD,
     TIMED_EPOCH,
     add_ab_flags,
-    alternate,
     parse_variants,
-    report,
+    run_ab,
 )
-from peers_bench import (  # the obstore map's bucket, and the peers bench's samples
-    BUCKET,
-    FULL,
-    Samples,
-    upload_files,
-)
-
-from fastdata.store import Store
-from fastdata.testing.seaweedfs import SeaweedServer
+from peers_bench import BUCKET, upload_samples  # the obstore map's bucket, and its samples
 
 _FILES_SETUP = r"""
 from peers_bench import ObstoreMap, tuple_measure
@@ -67,24 +60,15 @@ else:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=3000)
     parser.add_argument("--unpublished", action="store_true", help="no manifest: MD5 checks")
-    add_ab_flags(parser, default_runs=4, baseline="obstore-map")
+    add_ab_flags(parser, default_runs=4, baseline="obstore-map", count=("--samples", 3000))
     args = parser.parse_args()
-    if args.quick:
-        args.samples = 300
-    if args.samples < 1:
-        parser.error("--samples must be at least 1")
     variants = parse_variants(parser, args, [], "obstore-map")
-    server = SeaweedServer().start()
-    try:
-        server.create_bucket(BUCKET)
-        options = dict(server.storage_options)
+
+    @contextlib.contextmanager
+    def prepare(options: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
         url = f"s3://{BUCKET}/files"
-        samples = Samples.make(replace(FULL, samples=args.samples))
-        with Store(url, storage_options=options) as store:
-            upload_files(store, samples)
-        labels = samples.labels.tolist()
+        samples = upload_samples(options, args.count)
         with tempfile.TemporaryDirectory(prefix="fastdata-files-ab-") as work:
             if not args.unpublished:
                 from fastdata.index import publish
@@ -95,16 +79,16 @@ def main() -> int:
                 )
                 publish(spec, cache_dir=Path(work) / "publish-index")
             labels_path = Path(work) / "labels.json"
-            labels_path.write_text(json.dumps(labels))
+            labels_path.write_text(json.dumps(samples.labels.tolist()))
             setup = _FILES_SETUP % {"labels": str(labels_path)}
-            results = alternate(
-                CHILD_HEAD + setup + TIMED_EPOCH, variants, args, url, options, server
+            published = "unpublished" if args.unpublished else "published"
+            yield (
+                CHILD_HEAD + setup + TIMED_EPOCH,
+                url,
+                f"{args.count} objects of 100 KiB, {published}",
             )
-    finally:
-        server.stop()
-    what = f"{args.samples} objects of 100 KiB, {'un' if args.unpublished else ''}published"
-    report(args, what, variants, results, "obstore-map")
-    return 0
+
+    return run_ab(args, variants, "obstore-map", BUCKET, prepare)
 
 
 if __name__ == "__main__":

@@ -25,22 +25,22 @@ once on 300 objects in 1 MiB shards (CI smoke; the figures mean nothing).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import tempfile
-from dataclasses import replace
+from collections.abc import Iterator
+from typing import Any
 
 from parquet_cold_ab import (  # a sibling script
     CHILD_HEAD,
     TIMED_EPOCH,
     add_ab_flags,
-    alternate,
     parse_variants,
-    report,
+    run_ab,
 )
-from peers_bench import BUCKET, FULL, MIB, Samples, upload_files  # the peers bench's data
+from peers_bench import BUCKET, FULL, MIB, upload_samples  # the peers bench's data
 
 import fastdata.pack
 from fastdata.store import Store
-from fastdata.testing.seaweedfs import SeaweedServer
 
 _PACKED_SETUP = r"""
 if spec == "ranges":
@@ -59,23 +59,15 @@ else:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=FULL.samples)
-    add_ab_flags(parser, default_runs=4, baseline="ranges")
+    add_ab_flags(parser, default_runs=4, baseline="ranges", count=("--samples", FULL.samples))
     args = parser.parse_args()
-    shard_bytes = FULL.chunk_bytes
-    if args.quick:
-        args.samples, shard_bytes = 300, 1 * MIB
-    if args.samples < 1:
-        parser.error("--samples must be at least 1")
     variants = parse_variants(parser, args, [], "ranges")
-    server = SeaweedServer().start()
-    try:
-        server.create_bucket(BUCKET)
-        options = dict(server.storage_options)
+    shard_bytes = 1 * MIB if args.quick else FULL.chunk_bytes
+
+    @contextlib.contextmanager
+    def prepare(options: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
         root = f"s3://{BUCKET}"
-        samples = Samples.make(replace(FULL, samples=args.samples))
-        with Store(f"{root}/files", storage_options=options) as store:
-            upload_files(store, samples)
+        upload_samples(options, args.count)
         with tempfile.TemporaryDirectory(prefix="fastdata-packed-ab-") as work:
             fastdata.pack.pack(
                 f"{root}/files",
@@ -89,13 +81,10 @@ def main() -> int:
         with Store(f"{root}/packed", storage_options=options) as store:
             shards = [(i.path, i.size) for i in store.list() if i.path.endswith(".fdpack")]
         setup = _PACKED_SETUP % {"shards": shards, "range_bytes": FULL.range_bytes}
-        code = CHILD_HEAD + setup + TIMED_EPOCH
-        results = alternate(code, variants, args, f"{root}/packed", options, server)
-    finally:
-        server.stop()
-    what = f"{args.samples} samples of 100 KiB in {len(shards)} packed shards"
-    report(args, what, variants, results, "ranges")
-    return 0
+        what = f"{args.count} samples of 100 KiB in {len(shards)} packed shards"
+        yield CHILD_HEAD + setup + TIMED_EPOCH, f"{root}/packed", what
+
+    return run_ab(args, variants, "ranges", BUCKET, prepare)
 
 
 if __name__ == "__main__":

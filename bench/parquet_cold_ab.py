@@ -35,6 +35,7 @@ a training process on such a VM would.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -43,6 +44,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -214,10 +217,16 @@ def run_child(code: str, spec: str, url: str, options: dict[str, Any]) -> dict[s
     return result
 
 
-def add_ab_flags(parser: argparse.ArgumentParser, default_runs: int, baseline: str) -> None:
-    """The flags every alternating cold bench takes: ``--runs``, ``--variant``,
-    ``--settle``, ``--cache-off``, ``--<baseline>`` (the variant the medians are given as
-    ratios of) and the smoke flags."""
+def add_ab_flags(
+    parser: argparse.ArgumentParser, default_runs: int, baseline: str, count: tuple[str, int]
+) -> None:
+    """The flags every alternating cold bench takes: ``count`` (the data's size, its flag
+    and default: ``--quick`` makes it 300), ``--runs``, ``--variant``, ``--settle``,
+    ``--cache-off``, ``--<baseline>`` (the variant the medians are given as ratios of)
+    and the smoke flags."""
+    flag, default = count
+    parser.add_argument(flag, type=int, default=default, dest="count")
+    parser.set_defaults(count_flag=flag)
     parser.add_argument("--runs", type=int, default=default_runs)
     parser.add_argument(
         "--variant",
@@ -241,13 +250,15 @@ def parse_variants(
 ) -> dict[str, str]:
     """``{name: spec}``: ``current`` (spec ``""``), each ``--variant`` (``default`` when
     none is given), then ``cache-off`` and ``baseline`` where their flags are set (spec =
-    the name); ``--quick`` runs each of them once. The two names are reserved whether or
-    not their flag is set: ``report`` takes the baseline by name."""
+    the name); ``--quick`` runs each of them once on 300 samples or rows. The two names
+    are reserved whether or not their flag is set: ``report`` takes the baseline by name."""
     flag = baseline.replace("-", "_")
-    if args.quick:  # every variant once, so that none of them rots
-        args.runs, args.cache_off = 1, True
+    if args.quick:  # every variant once, on little data, so that none of them rots
+        args.runs, args.cache_off, args.count = 1, True, 300
         setattr(args, flag, True)
     flagged = [(args.cache_off, "cache-off"), (getattr(args, flag), baseline)]
+    if args.count < 1:
+        parser.error(f"{args.count_flag} must be at least 1")
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     if not 0 <= args.settle <= 600:
@@ -361,28 +372,43 @@ def report(
         args.json.write_text(json.dumps(document, indent=1))
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=5000)
-    add_ab_flags(parser, default_runs=6, baseline="pyarrow")
-    args = parser.parse_args()
-    if args.quick:
-        args.rows = 300
-    if args.rows < 1:
-        parser.error("--rows must be at least 1")
-    variants = parse_variants(parser, args, [PIECES_4MIB], "pyarrow")
+#: What a script uploads for its children, given the server's storage options: a context
+#: that yields the children's code, the dataset's URL and the report's words for the data
+#: (the context stays open while the children run).
+Prepare = Callable[[dict[str, Any]], AbstractContextManager[tuple[str, str, str]]]
+
+
+def run_ab(
+    args: argparse.Namespace, variants: dict[str, str], baseline: str, bucket: str, prepare: Prepare
+) -> int:
+    """The whole of an A/B script after its flags: the embedded SeaweedFS with
+    ``bucket``, ``prepare``'s upload, the alternating children, then the report."""
     server = SeaweedServer().start()
     try:
-        server.create_bucket("parquet-ab")
+        server.create_bucket(bucket)
         options = dict(server.storage_options)
-        url = "s3://parquet-ab/parquet"
-        with Store(url, storage_options=options) as store:
-            upload(store, args.rows)
-        results = alternate(_CHILD, variants, args, url, options, server)
+        with prepare(options) as (code, url, what):
+            results = alternate(code, variants, args, url, options, server)
     finally:
         server.stop()
-    report(args, f"{args.rows} rows of 100 KiB", variants, results, "pyarrow")
+    report(args, what, variants, results, baseline)
     return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_ab_flags(parser, default_runs=6, baseline="pyarrow", count=("--rows", 5000))
+    args = parser.parse_args()
+    variants = parse_variants(parser, args, [PIECES_4MIB], "pyarrow")
+
+    @contextlib.contextmanager
+    def prepare(options: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
+        url = "s3://parquet-ab/parquet"
+        with Store(url, storage_options=options) as store:
+            upload(store, args.count)
+        yield _CHILD, url, f"{args.count} rows of 100 KiB"
+
+    return run_ab(args, variants, "pyarrow", "parquet-ab", prepare)
 
 
 if __name__ == "__main__":

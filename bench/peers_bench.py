@@ -421,6 +421,15 @@ def upload_files(store: Store, samples: Samples) -> None:
             batch, size = [], 0
 
 
+def upload_samples(options: dict[str, Any], count: int) -> Samples:
+    """``count`` samples of the full run's sizes, uploaded as objects to
+    ``s3://peers-bench/files`` (the A/B scripts' data); the samples."""
+    samples = Samples.make(replace(FULL, samples=count))
+    with Store(f"s3://{BUCKET}/files", storage_options=options) as store:
+        upload_files(store, samples)
+    return samples
+
+
 # -- CPU of a process tree -----------------------------------------------------------------
 
 
